@@ -1,0 +1,154 @@
+"""Command line: `run`, `diff`, `render`. Thin: parses arguments and calls into the package."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from pathlib import Path
+
+from loguru import logger
+
+from .config import Settings, load_settings
+from .errors import ExporterError, StaleRevisionError
+from .etcd.client import EtcdClient, EtcdError
+from .plan.format import format_plan
+from .plan.plan import Plan
+from .store.records import Record
+from .store.revisions import classify_upsert
+
+EXIT_OK, EXIT_ERROR, EXIT_DIFF = 0, 1, 2
+
+
+def _settings(args: argparse.Namespace) -> Settings:
+    return load_settings(Path(args.config) if args.config else None)
+
+
+def _file_records(settings: Settings, extra: list[str]) -> list[Record]:
+    from .sources.files import expand, load_ingress_file
+
+    records: dict[tuple[str, str], Record] = {}
+    for path in expand(settings.sources.files + extra):
+        for record in load_ingress_file(path):
+            if record.key in records:
+                raise ExporterError(f"{path}: ingress {record.key[0]}/{record.key[1]} is declared in two files")
+            records[record.key] = record
+    return list(records.values())
+
+
+async def _diff(settings: Settings) -> tuple[Plan, list[str]]:
+    from .daemon import build_reconciler
+
+    async with EtcdClient(settings.etcd.endpoints, settings.etcd.timeout, settings.etcd.page_size) as etcd:
+        reconciler = build_reconciler(settings, etcd, dry_run=True)
+        await reconciler.load()
+        files = _file_records(settings, [])
+        warnings = []
+        upserts = []
+        for record in files:
+            try:
+                if classify_upsert(reconciler.store.get(record.key), record) == "apply":
+                    upserts.append(record)
+            except StaleRevisionError as exc:
+                warnings.append(exc.title)
+        declared = {r.key for r in files}
+        removes = [
+            r.key for r in reconciler.store.by_authority() if r.source.startswith("file:") and r.key not in declared
+        ]
+        plan = reconciler.preview(upserts, removes)
+        warnings += [f"{a}/{i}: {e}" for (a, i), e in sorted(reconciler.planner.errors.items())]
+        return plan, warnings
+
+
+def cmd_diff(args: argparse.Namespace) -> int:
+    """Print the key diff between what the sources render to and live etcd."""
+    settings = _settings(args)
+    plan, warnings = asyncio.run(_diff(settings))
+    for warning in warnings:
+        print(f"warning: {warning}", file=sys.stderr)
+    sys.stdout.write(format_plan(plan, color=sys.stdout.isatty() and not args.no_color))
+    return EXIT_DIFF if not plan.empty else EXIT_OK
+
+
+def cmd_render(args: argparse.Namespace) -> int:
+    """Print the KV the ingress files render to, without etcd."""
+    from .render.renderer import Renderer
+    from .render.root_keys import load_certificate, root_keys
+
+    settings = _settings(args)
+    renderer = Renderer(settings.root_key, settings.default_entrypoints, settings.templates.dir)
+    certificate = load_certificate(settings.tls.cert_file, settings.tls.key_file)
+    out: dict[str, str] = {}
+    records = _file_records(settings, args.files)
+    for root in sorted({renderer.root_for(r.key[0]) for r in records}):
+        for key, value in root_keys(root, certificate).items():
+            out[key] = "<generated certificate>" if certificate.generated and "defaultCertificate" in key else value
+    for record in records:
+        out.update(renderer.render(record.ingress, content=record.content).kv)
+    for key in sorted(out):
+        print(f"{key} = {out[key]}".replace("\n", "\\n"))
+    return EXIT_OK
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    """Run the daemon (or the embedded first-run demo)."""
+    from .daemon import Daemon
+    from .logs import setup_logging
+
+    if args.embedded:
+        from .embedded_demo import run_embedded
+
+        return asyncio.run(run_embedded(Path(args.config) if args.config else None))
+    settings = _settings(args)
+    setup_logging(settings.log)
+
+    async def main() -> None:
+        await Daemon(settings, dry_run=args.dry_run).run_until_signal()
+
+    asyncio.run(main())
+    return EXIT_OK
+
+
+def parser() -> argparse.ArgumentParser:
+    """The argument parser."""
+    p = argparse.ArgumentParser(prog="traefik-etcd-exporter", description=__doc__)
+    sub = p.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="run the daemon")
+    run.add_argument("--config", "-c", help="exporter.yaml")
+    run.add_argument("--dry-run", action="store_true", help="compute and log every diff, never write")
+    run.add_argument(
+        "--embedded", action="store_true", help="start etcd, Traefik and example backends as children (first run)"
+    )
+    run.set_defaults(func=cmd_run)
+    diff = sub.add_parser("diff", help="print the key diff against live etcd (exit 0 none, 2 diff, 1 error)")
+    diff.add_argument("--config", "-c", help="exporter.yaml")
+    diff.add_argument("--no-color", action="store_true")
+    diff.set_defaults(func=cmd_diff)
+    render = sub.add_parser("render", help="print the KV that ingress files render to, without etcd")
+    render.add_argument("--config", "-c", help="exporter.yaml")
+    render.add_argument("files", nargs="*", help="ingress files (in addition to the config's sources)")
+    render.set_defaults(func=cmd_render)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of the console script."""
+    args = parser().parse_args(argv)
+    try:
+        code: int = args.func(args)
+    except ExporterError as exc:
+        print(f"error: {exc.title}", file=sys.stderr)
+        for item in exc.data.get("errors", []):
+            print(f"  {item.get('loc')}: {item.get('msg')}", file=sys.stderr)
+        return EXIT_ERROR
+    except EtcdError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    except KeyboardInterrupt:
+        logger.info("interrupted")
+        return EXIT_OK
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,230 @@
+"""Settings: loaded once from `exporter.yaml` plus `EXPORTER_<SECTION>__<FIELD>` env, then passed down."""
+
+from __future__ import annotations
+
+import re
+from contextvars import ContextVar
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, ValidationError, field_validator
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    YamlConfigSettingsSource,
+)
+
+_ENTRYPOINT_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
+_LISTEN_RE = re.compile(r"^[^\s:]+:\d{1,5}$")
+# The YAML file of the Settings being built (settings_customise_sources is a classmethod).
+_CONFIG_FILE: ContextVar[Path | None] = ContextVar("_CONFIG_FILE", default=None)
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class EtcdSettings(_Section):
+    """How to reach etcd (through its v3 JSON gateway)."""
+
+    endpoints: list[str] = Field(default=["http://127.0.0.1:2379"], min_length=1)
+    timeout: float = Field(default=5.0, gt=0, description="seconds per etcd request")
+    max_txn_ops: int = Field(default=128, ge=8, description="etcd --max-txn-ops")
+    max_request_bytes: int = Field(
+        default=1_000_000, ge=16_384, description="bytes per txn, below etcd --max-request-bytes"
+    )
+    page_size: int = Field(default=5000, ge=100, description="keys per paged range read")
+
+    @field_validator("endpoints")
+    @classmethod
+    def _urls(cls, value: list[str]) -> list[str]:
+        out = []
+        for url in value:
+            if not re.match(r"^https?://[^/\s]+$", url.rstrip("/")):
+                raise ValueError(f"endpoint {url!r} must look like http://host:port")
+            out.append(url.rstrip("/"))
+        return out
+
+
+class SourcesSettings(_Section):
+    """Where desired ingresses come from besides the push API."""
+
+    files: list[str] = Field(default_factory=list, description="globs of ingress YAML files, hot-reloaded")
+
+
+class TemplatesSettings(_Section):
+    """Traefik config templates; `dir` overrides the built-in ones file by file."""
+
+    dir: Path | None = None
+
+
+class ApiSettings(_Section):
+    """The coordinator push API."""
+
+    listen: str = "127.0.0.1:8570"
+    token_file: Path | None = None
+    token: SecretStr | None = None
+    max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
+    allow_unauthenticated_loopback: bool = False
+
+    @field_validator("listen")
+    @classmethod
+    def _listen(cls, value: str) -> str:
+        if not _LISTEN_RE.match(value):
+            raise ValueError("must be host:port")
+        return value
+
+
+class ControlSettings(_Section):
+    """The monitoring endpoints (/healthz, /readyz, /metrics, /v1/healthcheck)."""
+
+    listen: str = "127.0.0.1:8571"
+
+    @field_validator("listen")
+    @classmethod
+    def _listen(cls, value: str) -> str:
+        if not _LISTEN_RE.match(value):
+            raise ValueError("must be host:port")
+        return value
+
+
+class WriterSettings(_Section):
+    """Coalescing and repair cadence of the writer."""
+
+    coalesce_window: float = Field(default=0.02, ge=0, le=5, description="seconds a burst is gathered")
+    reconcile_interval: float = Field(default=30.0, gt=0, description="seconds between full reconciles")
+    max_in_flight: int = Field(default=8, ge=1, le=64, description="transactions in flight at once")
+
+
+class TlsSettings(_Section):
+    """The default certificate written under every root (generated when unset)."""
+
+    cert_file: Path | None = None
+    key_file: Path | None = None
+
+
+class LogSettings(_Section):
+    """Log format and level."""
+
+    format: Literal["auto", "human", "json"] = "auto"
+    level: str = "INFO"
+
+
+class Settings(BaseSettings):
+    """The whole configuration of one exporter."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="EXPORTER_", env_nested_delimiter="__", extra="forbid"
+    )
+
+    etcd: EtcdSettings = Field(default_factory=EtcdSettings)
+    root_key: str = "traefik/worker_{authority}"
+    records_prefix: str = "traefik-etcd-exporter/records"
+    default_entrypoints: list[str] = Field(default=["web"], min_length=1, max_length=16)
+    sources: SourcesSettings = Field(default_factory=SourcesSettings)
+    templates: TemplatesSettings = Field(default_factory=TemplatesSettings)
+    api: ApiSettings = Field(default_factory=ApiSettings)
+    control: ControlSettings = Field(default_factory=ControlSettings)
+    writer: WriterSettings = Field(default_factory=WriterSettings)
+    tls: TlsSettings = Field(default_factory=TlsSettings)
+    log: LogSettings = Field(default_factory=LogSettings)
+
+    @field_validator("root_key")
+    @classmethod
+    def _root_key(cls, value: str) -> str:
+        bare = value.replace("{authority}", "")
+        if not value or value.startswith("/") or value.endswith("/") or "//" in value:
+            raise ValueError("must be a key path without leading, trailing or double '/'")
+        if not re.match(r"^[A-Za-z0-9_./-]+$", bare):
+            raise ValueError("only [A-Za-z0-9_./-] and the placeholder {authority} are allowed")
+        return value
+
+    @field_validator("records_prefix")
+    @classmethod
+    def _records_prefix(cls, value: str) -> str:
+        if not re.match(r"^[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)*$", value):
+            raise ValueError("must be a key path of [A-Za-z0-9_.-] segments without leading or trailing '/'")
+        return value
+
+    @field_validator("default_entrypoints")
+    @classmethod
+    def _entrypoints(cls, value: list[str]) -> list[str]:
+        for name in value:
+            if not _ENTRYPOINT_RE.match(name):
+                raise ValueError(f"entrypoint {name!r} must match {_ENTRYPOINT_RE.pattern}")
+        return value
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # Env overrides the file; explicit init kwargs override both.
+        yaml_file = _CONFIG_FILE.get()
+        if yaml_file is None:
+            return (init_settings, env_settings)
+        return (init_settings, env_settings, YamlConfigSettingsSource(settings_cls, yaml_file=yaml_file))
+
+    def root_for(self, authority: str) -> str:
+        """The Traefik rootKey of one authority."""
+        return self.root_key.replace("{authority}", authority)
+
+    def api_token(self) -> str | None:
+        """The push API token from `api.token` (env) or `api.token_file`."""
+        if self.api.token is not None:
+            return self.api.token.get_secret_value()
+        if self.api.token_file is not None:
+            return self.api.token_file.read_text().strip() or None
+        return None
+
+
+def load_settings(path: Path | None, **overrides: Any) -> Settings:
+    """Load settings from `path` (YAML) and the environment; relative paths resolve against the file."""
+    if path is None:
+        settings = _build(**overrides)
+        base = Path.cwd()
+    else:
+        if not path.is_file():
+            from .errors import ConfigError
+
+            raise ConfigError(f"config file {path} does not exist")
+        token = _CONFIG_FILE.set(path)
+        try:
+            settings = _build(**overrides)
+        finally:
+            _CONFIG_FILE.reset(token)
+        base = path.resolve().parent
+    return _resolve_paths(settings, base)
+
+
+def _build(**overrides: Any) -> Settings:
+    from .errors import ConfigError
+    from .ingress import field_errors
+
+    try:
+        return Settings(**overrides)
+    except ValidationError as exc:
+        errors = field_errors(exc)
+        detail = "; ".join(f"{e['loc']}: {e['msg']}" for e in errors)
+        raise ConfigError(f"invalid configuration: {detail}", {"errors": errors}) from None
+    except ValueError as exc:
+        raise ConfigError(f"invalid configuration: {exc}") from None
+
+
+def _resolve_paths(settings: Settings, base: Path) -> Settings:
+    def rel(p: Path | None) -> Path | None:
+        return None if p is None or p.is_absolute() else base / p
+
+    settings.sources.files = [f if Path(f).is_absolute() else str(base / f) for f in settings.sources.files]
+    if settings.templates.dir is not None:
+        settings.templates.dir = rel(settings.templates.dir) or settings.templates.dir
+    if settings.api.token_file is not None:
+        settings.api.token_file = rel(settings.api.token_file) or settings.api.token_file
+    settings.tls.cert_file = rel(settings.tls.cert_file) or settings.tls.cert_file
+    settings.tls.key_file = rel(settings.tls.key_file) or settings.tls.key_file
+    return settings

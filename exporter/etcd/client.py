@@ -1,0 +1,298 @@
+"""A small asyncio client of etcd's v3 gRPC-gateway JSON API, on aiohttp.
+
+etcd3gw is synchronous with no default timeout and silent watch failures
+(TRAEFIK-KV-FACTS.md), so the daemon talks to the same gateway directly: full control of
+compares, `header.revision`, paging (`more`), watch resume and error codes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import aiohttp
+
+
+class EtcdError(Exception):
+    """etcd failed or could not be reached. `unavailable` is True for connection-level failures."""
+
+    def __init__(self, message: str, *, unavailable: bool = False, status: int | None = None) -> None:
+        super().__init__(message)
+        self.unavailable = unavailable
+        self.status = status
+
+
+class WatchCanceled(EtcdError):
+    """The watch was canceled by etcd; `compact_revision` is set when history was compacted."""
+
+    def __init__(self, message: str, compact_revision: int) -> None:
+        super().__init__(message)
+        self.compact_revision = compact_revision
+
+
+def _b64(data: str) -> str:
+    return base64.b64encode(data.encode()).decode()
+
+
+def _unb64(data: str | None) -> str:
+    return base64.b64decode(data).decode() if data else ""
+
+
+def prefix_end(prefix: str) -> str:
+    """The range end that selects every key starting with `prefix`."""
+    raw = bytearray(prefix.encode())
+    while raw:
+        if raw[-1] < 0xFF:
+            raw[-1] += 1
+            return raw.decode("latin-1")
+        raw.pop()
+    return "\x00"
+
+
+def _b64_range_end(prefix: str) -> str:
+    raw = bytearray(prefix.encode())
+    while raw:
+        if raw[-1] < 0xFF:
+            raw[-1] += 1
+            return base64.b64encode(bytes(raw)).decode()
+        raw.pop()
+    return base64.b64encode(b"\x00").decode()
+
+
+@dataclass(frozen=True, slots=True)
+class KeyValue:
+    """One key as read from etcd."""
+
+    key: str
+    value: str
+    mod_revision: int
+    create_revision: int
+
+
+@dataclass(frozen=True, slots=True)
+class Compare:
+    """A txn guard on mod_revision. `prefix=True` compares every key under `key` (one range compare)."""
+
+    key: str
+    result: Literal["EQUAL", "LESS", "GREATER", "NOT_EQUAL"]
+    mod_revision: int
+    prefix: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        out = {"key": _b64(self.key), "target": "MOD", "result": self.result, "mod_revision": str(self.mod_revision)}
+        if self.prefix:
+            out["range_end"] = _b64_range_end(self.key)
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class Op:
+    """A txn operation: put `value` at `key`, or delete `key` when `value` is None."""
+
+    key: str
+    value: str | None
+
+    def to_json(self) -> dict[str, Any]:
+        if self.value is None:
+            return {"request_delete_range": {"key": _b64(self.key)}}
+        return {"request_put": {"key": _b64(self.key), "value": _b64(self.value)}}
+
+    def size(self) -> int:
+        """Approximate bytes this op adds to a request (base64 inflates by 4/3)."""
+        return (len(self.key) + len(self.value or "")) * 4 // 3 + 48
+
+
+@dataclass(slots=True)
+class TxnResult:
+    """The outcome of a txn: `succeeded` False means a compare failed and nothing was applied."""
+
+    succeeded: bool
+    revision: int
+
+
+@dataclass(slots=True)
+class WatchEvent:
+    """One key change seen by a watch; `value` is None for a delete."""
+
+    key: str
+    value: str | None
+    mod_revision: int
+
+
+@dataclass
+class RangePage:
+    """The result of a (paged) range read, pinned to one revision."""
+
+    kvs: list[KeyValue] = field(default_factory=list)
+    revision: int = 0
+
+
+class EtcdClient:
+    """Range, txn and watch against one etcd gateway endpoint (the first that answers)."""
+
+    def __init__(self, endpoints: Sequence[str], timeout: float = 5.0, page_size: int = 5000) -> None:
+        self._endpoints = list(endpoints)
+        self._current = 0
+        self._timeout = timeout
+        self._page_size = page_size
+        self._session: aiohttp.ClientSession | None = None
+
+    async def __aenter__(self) -> EtcdClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    def _http(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=64),
+                timeout=aiohttp.ClientTimeout(total=self._timeout),
+            )
+        return self._session
+
+    async def close(self) -> None:
+        """Close the HTTP session."""
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    @property
+    def endpoint(self) -> str:
+        """The endpoint in use."""
+        return self._endpoints[self._current]
+
+    async def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        last: EtcdError | None = None
+        for attempt in range(len(self._endpoints)):
+            url = self._endpoints[self._current] + path
+            try:
+                async with self._http().post(url, json=body) as resp:
+                    payload = await resp.read()
+                    if resp.status != 200:
+                        raise EtcdError(_error_text(payload, resp.status), status=resp.status)
+                    result: dict[str, Any] = json.loads(payload)
+                    return result
+            except (aiohttp.ClientConnectionError, asyncio.TimeoutError, OSError) as exc:
+                last = EtcdError(f"etcd at {url} unreachable: {type(exc).__name__} {exc}".strip(), unavailable=True)
+                self._current = (self._current + 1) % len(self._endpoints)
+        assert last is not None
+        raise last
+
+    async def get(self, key: str) -> KeyValue | None:
+        """One key, or None."""
+        reply = await self._post("/v3/kv/range", {"key": _b64(key)})
+        kvs = reply.get("kvs") or []
+        return _kv(kvs[0]) if kvs else None
+
+    async def range_prefix(self, prefix: str, *, revision: int = 0) -> RangePage:
+        """Every key under `prefix`, read in pages pinned to one revision (never one unbounded read)."""
+        page = RangePage()
+        start = _b64(prefix)
+        end = _b64_range_end(prefix)
+        while True:
+            body: dict[str, Any] = {"key": start, "range_end": end, "limit": str(self._page_size)}
+            if revision:
+                body["revision"] = str(revision)
+            reply = await self._post("/v3/kv/range", body)
+            if not revision:
+                revision = int(reply["header"]["revision"])
+                page.revision = revision
+            kvs = reply.get("kvs") or []
+            page.kvs.extend(_kv(kv) for kv in kvs)
+            if not reply.get("more") or not kvs:
+                return page
+            start = base64.b64encode(base64.b64decode(kvs[-1]["key"]) + b"\x00").decode()
+
+    async def txn(self, compares: Sequence[Compare], ops: Sequence[Op]) -> TxnResult:
+        """Apply `ops` atomically if every compare holds."""
+        body = {"compare": [c.to_json() for c in compares], "success": [o.to_json() for o in ops]}
+        reply = await self._post("/v3/kv/txn", body)
+        # The gateway omits `succeeded` when it is false.
+        return TxnResult(succeeded=bool(reply.get("succeeded", False)), revision=int(reply["header"]["revision"]))
+
+    async def put(self, key: str, value: str) -> int:
+        """Unguarded put (tests, tools); returns the new revision."""
+        reply = await self._post("/v3/kv/put", {"key": _b64(key), "value": _b64(value)})
+        return int(reply["header"]["revision"])
+
+    async def delete_prefix(self, prefix: str) -> int:
+        """Unguarded delete of a prefix (tests, tools); returns the new revision."""
+        reply = await self._post("/v3/kv/deleterange", {"key": _b64(prefix), "range_end": _b64_range_end(prefix)})
+        return int(reply["header"]["revision"])
+
+    async def delete(self, key: str) -> int:
+        """Unguarded delete of one key (tests, tools); returns the new revision."""
+        reply = await self._post("/v3/kv/deleterange", {"key": _b64(key)})
+        return int(reply["header"]["revision"])
+
+    async def revision(self) -> int:
+        """The current revision of the store."""
+        reply = await self._post("/v3/kv/range", {"key": _b64("\x00"), "keys_only": True, "limit": "1"})
+        return int(reply["header"]["revision"])
+
+    async def watch_prefix(self, prefix: str, start_revision: int, idle_timeout: float) -> AsyncIterator[list[WatchEvent]]:
+        """Yield batches of events under `prefix` from `start_revision` on.
+
+        Raises WatchCanceled when etcd cancels (compaction), EtcdError when the stream breaks or
+        stays silent longer than `idle_timeout` (after an etcd restart a stream can block forever).
+        Progress notifications keep a healthy idle stream alive.
+        """
+        body = {
+            "create_request": {
+                "key": _b64(prefix),
+                "range_end": _b64_range_end(prefix),
+                "start_revision": str(start_revision),
+                "progress_notify": True,
+            }
+        }
+        url = self._endpoints[self._current] + "/v3/watch"
+        timeout = aiohttp.ClientTimeout(total=None, sock_read=idle_timeout, connect=self._timeout)
+        try:
+            async with self._http().post(url, json=body, timeout=timeout) as resp:
+                if resp.status != 200:
+                    raise EtcdError(_error_text(await resp.read(), resp.status), status=resp.status)
+                async for line in resp.content:
+                    if not line.strip():
+                        continue
+                    result = json.loads(line).get("result", {})
+                    if result.get("canceled"):
+                        compact = int(result.get("compact_revision", 0))
+                        raise WatchCanceled(result.get("cancel_reason", "watch canceled"), compact)
+                    events = [
+                        WatchEvent(
+                            key=_unb64(ev["kv"]["key"]),
+                            value=None if ev.get("type") == "DELETE" else _unb64(ev["kv"].get("value")),
+                            mod_revision=int(ev["kv"].get("mod_revision", result["header"]["revision"])),
+                        )
+                        for ev in result.get("events") or []
+                    ]
+                    if events:
+                        yield events
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+            self._current = (self._current + 1) % len(self._endpoints)
+            raise EtcdError(f"watch on {url} broke: {type(exc).__name__}", unavailable=True) from None
+        self._current = (self._current + 1) % len(self._endpoints)
+        raise EtcdError(f"watch on {url} ended", unavailable=True)
+
+
+def _kv(raw: dict[str, Any]) -> KeyValue:
+    return KeyValue(
+        key=_unb64(raw["key"]),
+        value=_unb64(raw.get("value")),
+        mod_revision=int(raw.get("mod_revision", 0)),
+        create_revision=int(raw.get("create_revision", 0)),
+    )
+
+
+def _error_text(payload: bytes, status: int) -> str:
+    try:
+        data = json.loads(payload)
+        message = data.get("message") or data.get("error") or payload.decode(errors="replace")
+    except ValueError:
+        message = payload.decode(errors="replace")
+    return f"etcd answered HTTP {status}: {str(message)[:300]}"

@@ -1,0 +1,365 @@
+"""The ingress model: the one shape shared by the push API and ingress files.
+
+Every string that can reach a Traefik rule or an etcd key is validated here so that it
+can inject neither rule syntax (backticks, quotes, `||`, parentheses) nor a key segment
+(`/`), and no list element carries a comma (Traefik joins simple lists with `,`).
+Every list has an upper bound so no request can make the exporter do unbounded work.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from typing import Annotated, Any, Literal, Union
+from urllib.parse import urlsplit
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+# Bounds (documented in docs/ingress.md).
+MAX_HOSTS = 32
+MAX_SERVERS = 256
+MAX_INSTANCES = 64
+MAX_ENTRYPOINTS = 16
+MAX_ALLOWED_IPS = 64
+MAX_HEADERS = 32
+MAX_INGRESSES_PER_REQUEST = 1000
+MAX_CA_PEM_BYTES = 64 * 1024
+
+_DNS_LABEL_RE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
+_HOST_LABEL_RE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
+_PATH_RE = re.compile(r"^/[A-Za-z0-9._~%+=:@/-]{0,255}$")
+_ENTRYPOINT_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
+_HEADER_NAME_RE = re.compile(r"^[A-Za-z0-9!#$%&'*+.^_`|~-]{1,128}$")
+_HEADER_VALUE_RE = re.compile(r"^[\x20-\x7e\t]{0,4096}$")
+
+
+def _dns_label(value: str) -> str:
+    if not _DNS_LABEL_RE.match(value):
+        raise ValueError("must be a DNS label: 1-63 of [a-z0-9-], lowercase, not starting or ending with '-'")
+    if value.isdigit():
+        raise ValueError("must not be all digits (Traefik decodes a numeric name as a list index)")
+    return value
+
+
+def _hostname(value: str) -> str:
+    if len(value) > 253:
+        raise ValueError("must be at most 253 characters")
+    labels = value.split(".")
+    wildcard = labels[0] == "*"
+    for label in labels[1:] if wildcard else labels:
+        if not _HOST_LABEL_RE.match(label):
+            raise ValueError(
+                "must be an RFC 1123 host name: lowercase labels of [a-z0-9-] separated by '.'"
+            )
+    if wildcard and len(labels) < 3:
+        raise ValueError("a wildcard host needs at least two labels after '*.'")
+    return value
+
+
+def _path(value: str) -> str:
+    if not _PATH_RE.match(value):
+        raise ValueError(
+            "must start with '/' and contain only [A-Za-z0-9._~%+=:@/-] (at most 256 characters)"
+        )
+    return value
+
+
+def _entrypoint(value: str) -> str:
+    if not _ENTRYPOINT_RE.match(value):
+        raise ValueError("must be an entrypoint name of [A-Za-z0-9_-] (at most 64 characters)")
+    return value
+
+
+def _cidr(value: str) -> str:
+    try:
+        return str(ipaddress.ip_network(value, strict=False))
+    except ValueError:
+        raise ValueError("must be an IP address or CIDR range such as 10.0.0.0/8") from None
+
+
+DnsLabel = Annotated[str, AfterValidator(_dns_label)]
+HostName = Annotated[str, AfterValidator(_hostname)]
+UrlPath = Annotated[str, AfterValidator(_path)]
+EntryPoint = Annotated[str, AfterValidator(_entrypoint)]
+Cidr = Annotated[str, AfterValidator(_cidr)]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, str_strip_whitespace=False)
+
+
+def parse_upstream_url(value: str, schemes: tuple[str, ...]) -> tuple[str, str, int]:
+    """Split a server URL into (scheme, host, port); raise ValueError naming what is wrong."""
+    if any(c in value for c in "`\"'(),|\\ \t\r\n"):
+        raise ValueError("must not contain quotes, backticks, parentheses, '|', ',' or whitespace")
+    parts = urlsplit(value)
+    if parts.scheme not in schemes:
+        raise ValueError(f"scheme must be one of {', '.join(schemes)}")
+    if parts.username or parts.password:
+        raise ValueError("must not carry credentials")
+    if parts.query or parts.fragment:
+        raise ValueError("must not carry a query or fragment")
+    try:
+        port = parts.port
+    except ValueError:
+        raise ValueError("port must be a number in 1-65535") from None
+    host = parts.hostname
+    if not host or port is None or port == 0:
+        raise ValueError("must have a host and an explicit port, e.g. http://10.0.0.5:8000")
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        _hostname(host)
+    if parts.path not in ("", "/"):
+        _path(parts.path)
+    return parts.scheme, host, port
+
+
+class Server(_Strict):
+    """One upstream server."""
+
+    url: str = Field(max_length=512)
+    weight: int = Field(default=1, ge=0, le=1_000_000)
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, value: str) -> str:
+        parse_upstream_url(value, ("http", "https", "tcp"))
+        return value
+
+
+class ServersUpstream(_Strict):
+    """`kind: servers`: a plain list of servers."""
+
+    kind: Literal["servers"] = "servers"
+    servers: list[Server] = Field(min_length=1, max_length=MAX_SERVERS)
+
+    @field_validator("servers")
+    @classmethod
+    def _unique(cls, value: list[Server]) -> list[Server]:
+        urls = [s.url for s in value]
+        if len(set(urls)) != len(urls):
+            raise ValueError("server urls must be unique")
+        return value
+
+
+class InstanceChecks(_Strict):
+    """Per-instance health check overrides of an `ai-proxy-multi` instance."""
+
+    path: UrlPath | None = None
+    headers: dict[str, str] = Field(default_factory=dict, max_length=MAX_HEADERS)
+    interval: float | None = Field(default=None, gt=0, le=3600)
+    max_retries: int | None = Field(default=None, ge=1, le=100)
+    max_wait_time: float | None = Field(default=None, gt=0, le=300)
+    expected_status_code: int | None = Field(default=None, ge=100, le=599)
+
+    @field_validator("headers")
+    @classmethod
+    def _headers(cls, value: dict[str, str]) -> dict[str, str]:
+        for name, header in value.items():
+            if not _HEADER_NAME_RE.match(name):
+                raise ValueError(f"header name {name!r} is not an HTTP token")
+            if not _HEADER_VALUE_RE.match(header):
+                raise ValueError(f"header {name!r} value must be printable ASCII without CR/LF")
+        return value
+
+
+class Instance(_Strict):
+    """One named instance of an `ai-proxy-multi` upstream."""
+
+    name: DnsLabel
+    url: str = Field(max_length=512)
+    weight: int = Field(default=1, ge=0, le=1_000_000)
+    checks: InstanceChecks | None = None
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, value: str) -> str:
+        parse_upstream_url(value, ("http", "https"))
+        return value
+
+
+class AiProxyMultiUpstream(_Strict):
+    """`kind: ai-proxy-multi`: named instances, each checked on its own."""
+
+    kind: Literal["ai-proxy-multi"]
+    instances: list[Instance] = Field(min_length=1, max_length=MAX_INSTANCES)
+
+    @field_validator("instances")
+    @classmethod
+    def _unique(cls, value: list[Instance]) -> list[Instance]:
+        names = [i.name for i in value]
+        if len(set(names)) != len(names):
+            raise ValueError("instance names must be unique")
+        return value
+
+
+Upstream = Annotated[Union[ServersUpstream, AiProxyMultiUpstream], Field(discriminator="kind")]
+
+
+def _default_kind(value: Any) -> Any:
+    # `kind` defaults to `servers`; the discriminator needs it present.
+    if isinstance(value, dict) and "kind" not in value:
+        return {"kind": "servers", **value}
+    return value
+
+
+class Canary(_Strict):
+    """A weighted split: `weight` percent of traffic goes to the canary upstream."""
+
+    weight: int = Field(ge=1, le=99)
+    upstream: Upstream
+
+    @field_validator("upstream", mode="before")
+    @classmethod
+    def _kind(cls, value: Any) -> Any:
+        return _default_kind(value)
+
+
+class HealthCheck(_Strict):
+    """Active health check, with Backend.AI `ModelHealthCheck` names and defaults."""
+
+    enable: bool = False
+    path: UrlPath = "/health"
+    interval: float = Field(default=10.0, gt=0, le=3600)
+    max_retries: int = Field(default=10, ge=1, le=100)
+    max_wait_time: float = Field(default=15.0, gt=0, le=300)
+    expected_status_code: int = Field(default=200, ge=100, le=599)
+    initial_delay: float = Field(default=60.0, ge=0, le=86400)
+
+
+class UpstreamTls(_Strict):
+    """TLS towards the upstream: the CA that signed it and the name to verify."""
+
+    ca_pem: str | None = Field(default=None, max_length=MAX_CA_PEM_BYTES)
+    server_name: HostName | None = None
+    insecure_skip_verify: bool = False
+
+    @field_validator("ca_pem")
+    @classmethod
+    def _pem(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        from cryptography import x509
+
+        try:
+            certs = x509.load_pem_x509_certificates(value.encode())
+        except ValueError:
+            raise ValueError("must be one or more PEM certificates") from None
+        if not certs:
+            raise ValueError("must be one or more PEM certificates")
+        return value
+
+
+class Ingress(_Strict):
+    """One route: where traffic for some hosts/path goes, and how it is checked."""
+
+    authority: DnsLabel
+    id: DnsLabel
+    revision: int = Field(ge=0, le=2**63 - 1)
+    protocol: Literal["http", "tcp"] = "http"
+    hosts: list[HostName] = Field(default_factory=list, max_length=MAX_HOSTS)
+    path_prefix: UrlPath = "/"
+    entrypoints: list[EntryPoint] | None = Field(default=None, min_length=1, max_length=MAX_ENTRYPOINTS)
+    upstream: Upstream
+    canary: Canary | None = None
+    health_check: HealthCheck = Field(default_factory=HealthCheck)
+    allowed_client_ips: list[Cidr] | None = Field(default=None, min_length=1, max_length=MAX_ALLOWED_IPS)
+    upstream_tls: UpstreamTls | None = None
+
+    @field_validator("upstream", mode="before")
+    @classmethod
+    def _kind(cls, value: Any) -> Any:
+        return _default_kind(value)
+
+    @field_validator("revision", mode="before")
+    @classmethod
+    def _int_revision(cls, value: Any) -> Any:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError("must be an integer")
+        return value
+
+    @model_validator(mode="after")
+    def _protocol_rules(self) -> Ingress:
+        if self.protocol == "http":
+            if not self.hosts:
+                raise ValueError("hosts: an http ingress needs at least one host")
+            for server in _servers_of(self):
+                if not server.startswith(("http://", "https://")):
+                    raise ValueError(f"upstream: http ingress server {server!r} needs an http(s) URL")
+        else:
+            if self.path_prefix != "/":
+                raise ValueError("path_prefix: a tcp ingress cannot route by path")
+            if self.upstream.kind != "servers" or (self.canary and self.canary.upstream.kind != "servers"):
+                raise ValueError("upstream: a tcp ingress needs kind 'servers'")
+            for server in _servers_of(self):
+                if not server.startswith("tcp://"):
+                    raise ValueError(f"upstream: tcp ingress server {server!r} needs a tcp://host:port URL")
+            if self.upstream_tls is not None:
+                raise ValueError("upstream_tls: not supported for tcp ingresses")
+        if len(set(self.hosts)) != len(self.hosts):
+            raise ValueError("hosts: must be unique")
+        return self
+
+    @property
+    def key(self) -> tuple[str, str]:
+        """(authority, id): the identity of the ingress."""
+        return (self.authority, self.id)
+
+
+def _servers_of(ingress: Ingress) -> list[str]:
+    urls: list[str] = []
+    for upstream in (ingress.upstream, ingress.canary.upstream if ingress.canary else None):
+        if isinstance(upstream, ServersUpstream):
+            urls.extend(s.url for s in upstream.servers)
+        elif isinstance(upstream, AiProxyMultiUpstream):
+            urls.extend(i.url for i in upstream.instances)
+    return urls
+
+
+class IngressFile(_Strict):
+    """The top-level shape of an ingress file and of an upsert request body."""
+
+    ingresses: list[Ingress] = Field(max_length=MAX_INGRESSES_PER_REQUEST)
+
+    @field_validator("ingresses")
+    @classmethod
+    def _unique(cls, value: list[Ingress]) -> list[Ingress]:
+        seen: set[tuple[str, str]] = set()
+        for ingress in value:
+            if ingress.key in seen:
+                raise ValueError(f"ingress {ingress.authority}/{ingress.id} appears more than once")
+            seen.add(ingress.key)
+        return value
+
+
+class IngressRef(_Strict):
+    """What a remove request names."""
+
+    authority: DnsLabel
+    id: DnsLabel
+    revision: int = Field(ge=0, le=2**63 - 1)
+
+
+class RemoveRequest(_Strict):
+    """The body of `POST /v2/ingress/remove`."""
+
+    ingresses: list[IngressRef] = Field(max_length=MAX_INGRESSES_PER_REQUEST)
+
+
+def field_errors(error: ValidationError) -> list[dict[str, str]]:
+    """Every field error as `{"loc": "ingresses.0.hosts.1", "msg": ...}`; input values are never echoed."""
+    out = []
+    for item in error.errors(include_input=False, include_url=False):
+        loc = ".".join(str(p) for p in item["loc"])
+        msg = item["msg"].removeprefix("Value error, ")
+        out.append({"loc": loc, "msg": msg})
+    return out

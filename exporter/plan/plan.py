@@ -1,0 +1,143 @@
+"""The plan: what must change in etcd, computed without side effects, printable, then applied.
+
+`diff`, `run --dry-run` and the writer share this one type, so what operators read is
+exactly what the writer applies. Each unit is one ingress (or one root's own keys) with the
+compares that guard it: the record's mod_revision, and one range compare per object
+subtree, so a concurrent or stale writer fails and re-plans instead of overwriting.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..etcd.client import Compare
+from ..store.records import Record
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    """One key change: `old` None means added, `new` None means removed."""
+
+    key: str
+    old: str | None
+    new: str | None
+
+    @property
+    def sign(self) -> str:
+        """`+`, `-` or `~`."""
+        return "+" if self.old is None else "-" if self.new is None else "~"
+
+
+@dataclass(slots=True)
+class UnitPlan:
+    """The changes of one ingress (`owner` set) or of one root's own keys (`owner` None).
+
+    `changes` are in a safe order for splitting: router deletes, other puts, router puts,
+    other deletes (so no router ever references a missing object); the record put comes
+    first, a record delete last.
+    """
+
+    name: str
+    changes: list[Change]
+    compares: list[Compare]
+    owner: tuple[str, str] | None = None
+    record: Record | None = None
+    removed: bool = False
+
+
+@dataclass(slots=True)
+class Plan:
+    """Every unit that differs, and the foreign keys seen under managed roots."""
+
+    units: list[UnitPlan] = field(default_factory=list)
+    foreign: list[str] = field(default_factory=list)
+
+    @property
+    def empty(self) -> bool:
+        """True when nothing needs writing."""
+        return not self.units
+
+    def changes(self) -> list[Change]:
+        """Every change of every unit, in plan order."""
+        return [c for unit in self.units for c in unit.changes]
+
+
+def _is_router(key: str) -> bool:
+    return "/routers/" in key
+
+
+def order_changes(changes: list[Change], record_key: str | None) -> list[Change]:
+    """Order changes so that every prefix of the list is safe to commit on its own."""
+    record_put = [c for c in changes if c.key == record_key and c.new is not None]
+    record_del = [c for c in changes if c.key == record_key and c.new is None]
+    rest = [c for c in changes if c.key != record_key]
+    router_del = [c for c in rest if c.new is None and _is_router(c.key)]
+    other_put = [c for c in rest if c.new is not None and not _is_router(c.key)]
+    router_put = [c for c in rest if c.new is not None and _is_router(c.key)]
+    other_del = [c for c in rest if c.new is None and not _is_router(c.key)]
+    return record_put + router_del + other_put + router_put + other_del + record_del
+
+
+def plan_ingress(
+    *,
+    owner: tuple[str, str],
+    desired: dict[str, str] | None,
+    observed_objects: dict[str, dict[str, tuple[str, int]]],
+    desired_objects: tuple[str, ...],
+    record_key: str,
+    desired_record: Record | None,
+    observed_record: tuple[str, int] | None,
+) -> UnitPlan | None:
+    """Diff one ingress: `desired` keys (None: remove it) against what etcd holds for it."""
+    changes: list[Change] = []
+    observed_keys: dict[str, str] = {}
+    for keys in observed_objects.values():
+        for key, (value, _mod) in keys.items():
+            observed_keys[key] = value
+    want = desired or {}
+    for key, value in want.items():
+        old = observed_keys.get(key)
+        if old != value:
+            changes.append(Change(key, old, value))
+    for key, value in observed_keys.items():
+        if key not in want:
+            changes.append(Change(key, value, None))
+    record_value = desired_record.to_value() if desired_record is not None else None
+    old_record = observed_record[0] if observed_record else None
+    if record_value != old_record:
+        changes.append(Change(record_key, old_record, record_value))
+    if not changes:
+        return None
+    compares = [Compare(record_key, "EQUAL", observed_record[1] if observed_record else 0)]
+    for obj in sorted(set(observed_objects) | set(desired_objects)):
+        keys = observed_objects.get(obj, {})
+        newest = max((mod for _v, mod in keys.values()), default=0)
+        compares.append(Compare(obj + "/", "LESS", newest + 1, prefix=True))
+    return UnitPlan(
+        name=f"{owner[0]}/{owner[1]}",
+        changes=order_changes(changes, record_key),
+        compares=compares,
+        owner=owner,
+        record=desired_record,
+        removed=desired is None,
+    )
+
+
+def plan_root(
+    root: str, desired: dict[str, str], observed: dict[str, tuple[str, int]], keep_existing: frozenset[str]
+) -> UnitPlan | None:
+    """Diff one root's own keys; keys in `keep_existing` (a generated certificate) are only created."""
+    changes = []
+    compares = []
+    for key, value in desired.items():
+        seen = observed.get(key)
+        if seen is None:
+            changes.append(Change(key, None, value))
+        elif seen[0] != value and key not in keep_existing:
+            changes.append(Change(key, seen[0], value))
+        else:
+            continue
+        compares.append(Compare(key, "EQUAL", seen[1] if seen else 0))
+    if not changes:
+        return None
+    return UnitPlan(name=f"root {root}", changes=changes, compares=compares)

@@ -1,0 +1,488 @@
+"""Keeps etcd equal to the desired state: the daemon's one writing loop.
+
+Record changes (pushes, ingress files) arrive as intents and are gathered for a short
+window so a burst shares few transactions (one Traefik reload). Watches on the managed
+prefixes feed the observed mirror and flag owners someone else changed (drift repair); a
+periodic full pass re-lists etcd and re-plans everything as a safety net. All planning and
+writing happens in one task, so the mirror never races with itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+from loguru import logger
+
+from .errors import EtcdUnavailable, ExporterError, StaleRevisionError
+from .etcd.client import Compare, EtcdClient, EtcdError, WatchCanceled, WatchEvent
+from .plan.format import format_plan
+from .plan.observed import Observed
+from .plan.plan import Plan, UnitPlan
+from .plan.planner import NO_EJECTIONS, Owner, Planner
+from .store.records import Record, RecordDecodeError, RecordStore, decode_record, record_key
+from .store.revisions import classify_remove, classify_upsert
+from .write import metrics
+from .write.writer import Writer
+
+_MAX_CONFLICT_RETRIES = 8
+_BACKOFF_MAX = 5.0
+
+
+@dataclass(eq=False)
+class Intent:
+    """A requested record change (None removes); all intents of one request share `group`."""
+
+    owner: Owner
+    record: Record | None
+    group: int
+    future: asyncio.Future[None] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
+
+
+@dataclass
+class Status:
+    """What /readyz reports."""
+
+    etcd_ok: bool = False
+    synced: bool = False
+    last_error: str | None = None
+    foreign_keys: int = 0
+    last_revision: int = 0
+
+
+class Reconciler:
+    """Owns the desired records, the observed mirror, and every write to etcd."""
+
+    def __init__(
+        self,
+        *,
+        etcd: EtcdClient,
+        planner: Planner,
+        observed: Observed,
+        records_prefix: str,
+        coalesce_window: float = 0.02,
+        reconcile_interval: float = 30.0,
+        max_ops: int = 128,
+        max_bytes: int = 1_000_000,
+        max_in_flight: int = 8,
+        dry_run: bool = False,
+    ) -> None:
+        self.etcd = etcd
+        self.planner = planner
+        self.observed = observed
+        self.store = RecordStore()
+        self.status = Status()
+        self.records_prefix = records_prefix
+        self.ejected: Callable[[Owner], frozenset[str]] = NO_EJECTIONS
+        self.fence: Callable[[], Sequence[Compare]] = lambda: ()
+        self._writer = Writer(etcd, observed, max_ops=max_ops, max_bytes=max_bytes, max_in_flight=max_in_flight)
+        self._window = coalesce_window
+        self._interval = reconcile_interval
+        self._dry_run = dry_run
+        self._last_dry_run = ""
+        self._queue: list[Intent] = []
+        self._pending: dict[Owner, Record | None] = {}
+        self._dirty: dict[Owner, str] = {}
+        self._inflight: list[Intent] = []
+        self._wake = asyncio.Event()
+        self._full_requested = True
+        self._relist_requested = True
+        self._stopping = False
+        self._groups = itertools.count()
+        self._tasks: list[asyncio.Task[None]] = []
+        self._synced = asyncio.Event()
+
+    # ----- lifecycle
+
+    async def start(self) -> None:
+        """Start the write loop and the watches; returns at once (see `wait_synced`)."""
+        self._tasks = [
+            asyncio.create_task(self._loop(), name="reconcile-loop"),
+            asyncio.create_task(self._watch(self.observed.roots_prefix), name="watch-roots"),
+            asyncio.create_task(self._watch(self.records_prefix + "/"), name="watch-records"),
+        ]
+
+    async def wait_synced(self, timeout: float | None = None) -> None:
+        """Wait until the first full sync with etcd is done."""
+        await asyncio.wait_for(self._synced.wait(), timeout)
+
+    async def stop(self) -> None:
+        """Finish the batch in flight (a transaction is never left half-done), then stop."""
+        self._stopping = True
+        self._wake.set()
+        loop_task, watches = (self._tasks[0], self._tasks[1:]) if self._tasks else (None, [])
+        for task in watches:
+            task.cancel()
+        if loop_task is not None:
+            with contextlib.suppress(asyncio.CancelledError, asyncio.TimeoutError):
+                await asyncio.wait_for(loop_task, timeout=10)
+        for task in watches:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        for intent in self._queue:
+            if not intent.future.done():
+                intent.future.set_exception(EtcdUnavailable("the exporter is shutting down; nothing was written"))
+        self._queue.clear()
+
+    # ----- inputs
+
+    def desired(self, owner: Owner) -> Record | None:
+        """The newest accepted record of an ingress (pending or committed)."""
+        if owner in self._pending:
+            return self._pending[owner]
+        return self.store.get(owner)
+
+    def stage(self, upserts: Sequence[Record], removes: Sequence[tuple[str, str, int]]) -> list[Intent]:
+        """Validate revisions and queue the changes of one request; raises StaleRevisionError, writes nothing."""
+        intents: list[Intent] = []
+        group = next(self._groups)
+        checked: list[tuple[Owner, Record | None]] = []
+        for upsert in upserts:
+            record: Record | None = upsert
+            # Renders now (and warms the cache): a record Traefik would reject is refused before queueing.
+            self.planner.renderer.render(upsert.ingress, self.ejected(upsert.key), upsert.content)
+            if classify_upsert(self.desired(upsert.key), upsert) == "noop":
+                record = self.desired(upsert.key)
+            checked.append((upsert.key, record))
+        for authority, ingress_id, revision in removes:
+            if classify_remove(self.desired((authority, ingress_id)), authority, ingress_id, revision) == "apply":
+                checked.append(((authority, ingress_id), None))
+        for owner, record in checked:
+            self._pending[owner] = record
+            intents.append(Intent(owner, record, group))
+        self._queue.extend(intents)
+        self._wake.set()
+        return intents
+
+    async def submit(self, upserts: Sequence[Record], removes: Sequence[tuple[str, str, int]] = ()) -> None:
+        """Stage one request and wait until all of it is committed (or raise)."""
+        if not self.status.etcd_ok and self.status.synced:
+            raise EtcdUnavailable("etcd is unreachable; nothing was written")
+        intents = self.stage(upserts, removes)
+        results = await asyncio.gather(*(i.future for i in intents), return_exceptions=True)
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
+
+    def mark_dirty(self, owners: Sequence[Owner], reason: str) -> None:
+        """Re-plan these ingresses soon; `reason` (health, drift, ...) is logged with each change."""
+        for owner in owners:
+            self._dirty.setdefault(owner, reason)
+        self._wake.set()
+
+    def request_full(self, relist: bool = False) -> None:
+        """Ask for a full reconcile pass (and a re-list of etcd when `relist`)."""
+        self._full_requested = True
+        self._relist_requested = self._relist_requested or relist
+        self._wake.set()
+
+    async def load(self) -> None:
+        """Read the records and managed keys from etcd (what `diff` compares against)."""
+        await self._relist()
+
+    def preview(self, upserts: Sequence[Record], removes: Sequence[Owner]) -> Plan:
+        """The full plan after applying these changes to the loaded records, without writing."""
+        view = dict(self.store.records)
+        view.update({r.key: r for r in upserts})
+        for owner in removes:
+            view.pop(owner, None)
+        return self.planner.plan(view, self.observed, None, self.ejected)
+
+    # ----- the loop
+
+    async def _loop(self) -> None:
+        backoff = 0.1
+        next_full = time.monotonic()
+        while True:
+            timeout = max(0.0, next_full - time.monotonic())
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout)
+            if self._stopping and not self._queue:
+                return
+            if self._window and self._queue:
+                # Gather the rest of a burst so it shares transactions (and one Traefik reload).
+                await asyncio.sleep(self._window)
+            self._wake.clear()
+            if time.monotonic() >= next_full:
+                self._full_requested = True
+            try:
+                if self._relist_requested:
+                    await self._relist()
+                if self._full_requested:
+                    self._full_requested = False
+                    next_full = time.monotonic() + self._interval
+                    await self._full_pass()
+                await self._batch()
+                backoff = 0.1
+                self.status.etcd_ok = True
+            except EtcdError as exc:
+                metrics.ETCD_ERRORS.inc()
+                self.status.etcd_ok = False
+                self.status.last_error = str(exc)
+                logger.warning("etcd unavailable ({}); retrying in {:.1f}s", exc, backoff)
+                self._fail_queue(EtcdUnavailable("etcd is unreachable; nothing was written"))
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, _BACKOFF_MAX)
+                self._relist_requested = True
+                self._full_requested = True
+
+    def _fail_queue(self, error: ExporterError) -> None:
+        for intent in self._queue:
+            self._drop_pending(intent)
+            if not intent.future.done():
+                intent.future.set_exception(error)
+        self._queue.clear()
+
+    def _drop_pending(self, intent: Intent) -> None:
+        if self._pending.get(intent.owner, False) is intent.record:
+            del self._pending[intent.owner]
+
+    async def _relist(self) -> None:
+        """Rebuild the mirror and the committed records from a paged read of etcd."""
+        roots = await self.etcd.range_prefix(self.observed.roots_prefix)
+        records = await self.etcd.range_prefix(self.records_prefix + "/", revision=roots.revision)
+        self.observed.load(
+            ((kv.key, kv.value, kv.mod_revision) for kv in itertools.chain(roots.kvs, records.kvs)), roots.revision
+        )
+        self.store.records.clear()
+        for kv in records.kvs:
+            self._adopt_record(kv.key, kv.value)
+        self._relist_requested = False
+        self.status.etcd_ok = True
+        self.status.last_revision = roots.revision
+        logger.info("listed etcd at revision {}: {} records, {} keys", roots.revision, len(records.kvs), len(roots.kvs))
+
+    def _adopt_record(self, key: str, value: str | None) -> Owner | None:
+        owner = _owner_of_key(key, self.records_prefix)
+        if owner is None:
+            return None
+        if value is None:
+            self.store.set(owner, None)
+            return owner
+        try:
+            record = decode_record(value)
+        except RecordDecodeError as exc:
+            logger.error("ignoring record {}: {}", key, exc)
+            return None
+        if record.key != owner:
+            logger.error("ignoring record {}: it holds ingress {}/{}", key, *record.key)
+            return None
+        if record.removing:
+            # A removal interrupted mid-way: finish it.
+            self.store.set(owner, None)
+            self._dirty[owner] = "finish removal"
+        else:
+            self.store.set(owner, record)
+        return owner
+
+    async def _full_pass(self) -> None:
+        started = time.monotonic()
+        view = dict(self.store.records)
+        view.update({o: r for o, r in self._pending.items() if r is not None})
+        for owner, record in self._pending.items():
+            if record is None:
+                view.pop(owner, None)
+        plan = self.planner.plan(view, self.observed, None, self.ejected)
+        # Units of queued intents are written by the batch, with their requests.
+        queued = {i.owner for i in self._queue}
+        plan.units = [u for u in plan.units if u.owner not in queued]
+        if plan.foreign and len(plan.foreign) != self.status.foreign_keys:
+            logger.warning("{} foreign keys under managed roots (left alone), e.g. {}", len(plan.foreign), plan.foreign[0])
+        self.status.foreign_keys = len(plan.foreign)
+        if not plan.empty:
+            await self._apply(plan, {}, {u.owner: "reconcile" for u in plan.units if u.owner})
+        metrics.RECONCILE_SECONDS.observe(time.monotonic() - started)
+        if not self.status.synced:
+            self.status.synced = True
+            self._synced.set()
+
+    async def _batch(self) -> None:
+        intents, self._queue = self._queue, []
+        dirty, self._dirty = self._dirty, {}
+        if not intents and not dirty:
+            return
+        self._inflight = intents
+        try:
+            await self._write_batch(intents, dirty)
+        except BaseException:
+            for intent in intents:
+                if not intent.future.done():
+                    self._drop_pending(intent)
+                    intent.future.set_exception(EtcdUnavailable("etcd is unreachable; nothing was written"))
+            raise
+        finally:
+            self._inflight = []
+
+    async def _write_batch(self, intents: list[Intent], dirty: dict[Owner, str]) -> None:
+        owners = set(dirty) | {i.owner for i in intents}
+        for attempt in range(_MAX_CONFLICT_RETRIES):
+            view = {o: r for o in owners if (r := self.desired(o)) is not None}
+            plan = self.planner.plan(view, self.observed, owners, self.ejected)
+            by_owner: dict[Owner, list[Intent]] = {}
+            for intent in intents:
+                by_owner.setdefault(intent.owner, []).append(intent)
+            for owner, error in self.planner.errors.items():
+                for intent in by_owner.pop(owner, []) if owner in owners else []:
+                    self._drop_pending(intent)
+                    intent.future.set_exception(ExporterError(error))
+            conflicted = await self._apply(plan, by_owner, dirty)
+            if not conflicted:
+                return
+            await self._refresh(conflicted)
+            intents = [i for i in intents if not i.future.done()]
+            owners = {u.owner for u in conflicted if u.owner is not None}
+            logger.info("re-planning {} ingresses after a compare failed (attempt {})", len(owners), attempt + 1)
+        for intent in intents:
+            if not intent.future.done():
+                self._drop_pending(intent)
+                intent.future.set_exception(EtcdUnavailable("etcd kept changing under the exporter; retry"))
+        self._dirty.update({o: "conflict" for o in owners})
+
+    async def _apply(
+        self, plan: Plan, by_owner: dict[Owner, list[Intent]], reasons: dict[Owner, str]
+    ) -> list[UnitPlan]:
+        """Write `plan`; settle the intents of committed units; return conflicted units.
+
+        Changes not asked for by an intent are logged with their key and reason (drift repair,
+        health, reconcile).
+        """
+        metrics.PLAN_CHANGES.observe(len(plan.changes()))
+        groups: dict[int, list[UnitPlan]] = {}
+        planned = set()
+        for n, unit in enumerate(plan.units):
+            intents = by_owner.get(unit.owner, []) if unit.owner else []
+            group = intents[0].group if intents else -1 - n
+            groups.setdefault(group, []).append(unit)
+            planned.add(unit.owner)
+        # Intents whose ingress needs no change are committed already.
+        for owner, intents in by_owner.items():
+            if owner not in planned:
+                self._settle(owner, intents)
+        if plan.empty:
+            return []
+        for unit in plan.units:
+            reason = reasons.get(unit.owner) if unit.owner else "reconcile"
+            if unit.owner in by_owner or reason is None:
+                continue
+            if reason == "drift":
+                metrics.REPAIRS.inc(len(unit.changes))
+            for change in unit.changes[:20]:
+                logger.info("{}: {} {}", reason, change.sign, change.key)
+        if self._dry_run:
+            text = format_plan(plan)
+            if text != self._last_dry_run:
+                logger.info("dry-run: would apply\n{}", text.rstrip())
+                self._last_dry_run = text
+            for owner, intents in by_owner.items():
+                self._settle(owner, intents)
+            return []
+        result = await self._writer.apply(list(groups.values()), self.fence())
+        self.status.last_revision = max(self.status.last_revision, result.revision)
+        for unit in result.committed:
+            if unit.owner is not None:
+                self._settle(unit.owner, by_owner.get(unit.owner, []))
+        if result.error is not None:
+            for owner in {u.owner for u in result.failed if u.owner is not None}:
+                for intent in by_owner.get(owner, []):
+                    self._drop_pending(intent)
+                    if not intent.future.done():
+                        intent.future.set_exception(EtcdUnavailable("etcd is unreachable; nothing was written"))
+                if owner not in by_owner:
+                    self._dirty[owner] = reasons.get(owner, "retry")
+            raise result.error
+        return result.conflicted
+
+    def _settle(self, owner: Owner, intents: list[Intent]) -> None:
+        for intent in intents:
+            self.store.set(owner, intent.record)
+            self._drop_pending(intent)
+            if not intent.future.done():
+                intent.future.set_result(None)
+
+    async def _refresh(self, units: list[UnitPlan]) -> None:
+        """Re-read what a conflicted unit guards, and adopt a record a peer wrote."""
+        for unit in units:
+            for compare in unit.compares:
+                if compare.prefix:
+                    page = await self.etcd.range_prefix(compare.key)
+                    self.observed.replace_object(compare.key.rstrip("/"), page.kvs)
+                else:
+                    found = await self.etcd.get(compare.key)
+                    value = found.value if found else None
+                    self.observed.set(compare.key, value, found.mod_revision if found else 0)
+                    if unit.owner is not None and compare.key.startswith(self.records_prefix + "/"):
+                        self._reconcile_peer_record(unit.owner, value)
+
+    def _reconcile_peer_record(self, owner: Owner, value: str | None) -> None:
+        """A peer changed this record: adopt it; settle or fail the intents it answers."""
+        self._adopt_record(record_key(self.records_prefix, *owner), value)
+        stored = self.store.get(owner)
+        for intent in [i for i in self._inflight if i.owner == owner and not i.future.done()]:
+            wanted = intent.record
+            if (wanted is None and stored is None) or (
+                wanted is not None and stored is not None and wanted.content == stored.content
+            ):
+                self._drop_pending(intent)
+                intent.future.set_result(None)
+            elif stored is not None and (wanted is None or stored.revision >= wanted.revision):
+                self._drop_pending(intent)
+                intent.future.set_exception(
+                    StaleRevisionError(
+                        f"ingress {owner[0]}/{owner[1]}: revision {stored.revision} was stored meanwhile",
+                        {"authority": owner[0], "id": owner[1], "stored_revision": stored.revision},
+                    )
+                )
+
+    # ----- watches
+
+    async def _watch(self, prefix: str) -> None:
+        backoff = 0.1
+        last = 0
+        while not self._stopping:
+            await self._synced.wait()
+            start = max(last, self.observed.revision) + 1
+            try:
+                async for events in self.etcd.watch_prefix(prefix, start, idle_timeout=max(60.0, self._interval * 2)):
+                    self._on_events(events)
+                    last = max(last, *(e.mod_revision for e in events))
+                    backoff = 0.1
+            except WatchCanceled as exc:
+                logger.warning("watch on {} canceled at compacted revision {}: re-listing", prefix, exc.compact_revision)
+                self.request_full(relist=True)
+            except EtcdError as exc:
+                logger.debug("watch on {} ended ({}); resuming", prefix, exc)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, _BACKOFF_MAX)
+
+    def _on_events(self, events: list[WatchEvent]) -> None:
+        changed: set[Owner] = set()
+        for event in events:
+            seen = self.observed.keys.get(event.key)
+            if event.mod_revision <= self.observed.revision:
+                continue
+            if seen is not None and seen[1] >= event.mod_revision:
+                continue  # our own write, already applied
+            if seen is None and event.value is None:
+                continue
+            self.observed.set(event.key, event.value, event.mod_revision)
+            if event.key.startswith(self.records_prefix + "/"):
+                owner = self._adopt_record(event.key, event.value)
+            else:
+                logger.warning("key {} changed by another writer at revision {}", event.key, event.mod_revision)
+                owner = self.observed.owner_of_key(event.key)
+            if owner is not None:
+                changed.add(owner)
+        if changed:
+            self.mark_dirty(sorted(changed), "drift")
+
+
+def _owner_of_key(key: str, records_prefix: str) -> Owner | None:
+    rest = key[len(records_prefix) + 1 :]
+    authority, _, ingress_id = rest.partition("/")
+    if not authority or not ingress_id or "/" in ingress_id:
+        return None
+    return authority, ingress_id

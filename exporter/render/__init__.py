@@ -1,0 +1,1 @@
+"""Render: ingress records -> Traefik objects (templates) -> validated -> flattened KV."""

@@ -1,0 +1,1 @@
+"""Sources of desired ingresses: the coordinator push API and ingress files."""

@@ -1,0 +1,113 @@
+"""Ingress files (YAML, the DESIGN.md shape) as a source, hot-reloaded with watchfiles.
+
+Each file is applied as one request: all its changes or none. A file that fails to parse
+or validate is reported (log, `errors`, /readyz) and its last good content stays in force.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import glob
+from pathlib import Path
+from typing import Protocol
+
+import yaml
+from loguru import logger
+from pydantic import ValidationError
+from watchfiles import awatch
+
+from ..errors import ExporterError
+from ..ingress import IngressFile, field_errors
+from ..store.records import Record
+
+
+class RecordSink(Protocol):
+    """Where a source delivers its changes (the reconciler)."""
+
+    async def submit(self, upserts: list[Record], removes: list[tuple[str, str, int]]) -> None: ...
+
+
+def load_ingress_file(path: Path) -> list[Record]:
+    """Parse and validate one ingress file; raise ExporterError naming the file and every field error."""
+    source = f"file:{path}"
+    try:
+        data = yaml.safe_load(path.read_text()) or {"ingresses": []}
+    except (OSError, yaml.YAMLError) as exc:
+        raise ExporterError(f"{path}: cannot read YAML: {exc}") from None
+    try:
+        parsed = IngressFile.model_validate(data)
+    except ValidationError as exc:
+        errors = field_errors(exc)
+        detail = "; ".join(f"{e['loc']}: {e['msg']}" for e in errors)
+        raise ExporterError(f"{path}: invalid ingress file: {detail}", {"errors": errors}) from None
+    return [Record.of(ingress, source) for ingress in parsed.ingresses]
+
+
+def expand(globs: list[str]) -> list[Path]:
+    """The files the configured globs match now, sorted."""
+    return sorted({Path(p).resolve() for g in globs for p in glob.glob(g, recursive=True) if Path(p).is_file()})
+
+
+class IngressFiles:
+    """Applies ingress files to a sink and keeps them applied as they change."""
+
+    def __init__(self, globs: list[str], sink: RecordSink) -> None:
+        self._globs = globs
+        self._sink = sink
+        self.applied: dict[Path, dict[tuple[str, str], Record]] = {}
+        self.errors: dict[Path, str] = {}
+
+    def adopt(self, records: list[Record]) -> None:
+        """Take over what files applied before a restart, so files now gone are removed."""
+        for record in records:
+            if record.source.startswith("file:"):
+                self.applied.setdefault(Path(record.source[5:]), {})[record.key] = record
+
+    async def sync_all(self) -> None:
+        """Apply every matched file, and remove what files that disappeared had applied."""
+        current = expand(self._globs)
+        for path in current:
+            await self.sync(path)
+        for path in [p for p in self.applied if p not in current]:
+            await self._apply(path, {})
+
+    async def sync(self, path: Path) -> None:
+        """Re-read one file and apply its difference to what it had applied."""
+        if not path.exists():
+            await self._apply(path, {})
+            return
+        try:
+            records = {r.key: r for r in load_ingress_file(path)}
+        except ExporterError as exc:
+            self.errors[path] = exc.title
+            logger.error("{} (its last good content stays in force)", exc.title)
+            return
+        await self._apply(path, records)
+
+    async def _apply(self, path: Path, records: dict[tuple[str, str], Record]) -> None:
+        before = self.applied.get(path, {})
+        upserts = [r for k, r in records.items() if before.get(k) is None or before[k].content != r.content]
+        removes = [(k[0], k[1], r.revision) for k, r in before.items() if k not in records]
+        try:
+            if upserts or removes or path not in self.applied:
+                await self._sink.submit(upserts, removes)
+        except ExporterError as exc:
+            self.errors[path] = exc.title
+            logger.error("{}: not applied: {}", path, exc.title)
+            return
+        self.errors.pop(path, None)
+        if records:
+            self.applied[path] = records
+        else:
+            self.applied.pop(path, None)
+        if upserts or removes:
+            logger.info("{}: applied {} upserts, {} removes", path, len(upserts), len(removes))
+
+    async def watch(self, stop: asyncio.Event) -> None:
+        """Re-apply files as they change until `stop` is set."""
+        dirs = sorted({str(Path(g).parent) for g in self._globs if Path(g).parent.exists()})
+        if not dirs:
+            return
+        async for _changes in awatch(*dirs, stop_event=stop, debounce=100, step=20):
+            # Globs may match new files; re-evaluate all of them (cheap: unchanged files are no-ops).
+            await self.sync_all()

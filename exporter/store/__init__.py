@@ -1,0 +1,1 @@
+"""Store: the desired ingress records, persisted in etcd beside the keys they render to."""

@@ -1,0 +1,1 @@
+"""Write: apply a Plan to etcd as ordered, compare-guarded transactions."""

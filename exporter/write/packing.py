@@ -1,0 +1,103 @@
+"""Pack plan units into etcd transactions (pure; no I/O).
+
+Units that fit are packed whole, several to a transaction, within `max_ops` operations,
+`max_ops` compares and `max_bytes`; a group of units (one push request) is kept in one
+transaction whenever it fits. A unit too large for one transaction is split into a
+sequence of chunks in its safe change order (see plan.order_changes): every prefix of that
+sequence leaves no router referencing a missing object.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from ..etcd.client import Compare, Op
+from ..plan.plan import Change, UnitPlan
+from ..store.records import RecordDecodeError, decode_record
+
+_TXN_OVERHEAD = 256
+
+
+@dataclass(slots=True)
+class Txn:
+    """One transaction: the units it completes, and the changes and compares it carries."""
+
+    units: list[UnitPlan] = field(default_factory=list)
+    changes: list[Change] = field(default_factory=list)
+    compares: list[Compare] = field(default_factory=list)
+    bytes: int = _TXN_OVERHEAD
+    # For a chunk of a split unit: its position and the count of chunks.
+    chunk: tuple[int, int] | None = None
+
+    def ops(self) -> list[Op]:
+        """The etcd operations of this transaction."""
+        return [Op(c.key, c.new) for c in self.changes]
+
+
+def _size(changes: Sequence[Change]) -> int:
+    return sum(len(c.key) * 2 + len(c.new or "") for c in changes) * 4 // 3 + 48 * len(changes)
+
+
+def pack(groups: Sequence[Sequence[UnitPlan]], max_ops: int, max_bytes: int) -> tuple[list[Txn], list[list[Txn]]]:
+    """Return (whole-unit txns, one chunk sequence per oversized unit)."""
+    txns: list[Txn] = []
+    split: list[list[Txn]] = []
+    current = Txn()
+
+    def fits(txn: Txn, ops: int, compares: int, size: int) -> bool:
+        return (
+            len(txn.changes) + ops <= max_ops
+            and len(txn.compares) + compares <= max_ops
+            and txn.bytes + size <= max_bytes
+        )
+
+    for group in groups:
+        whole = [u for u in group if fits(Txn(), len(u.changes), len(u.compares), _size(u.changes))]
+        for unit in group:
+            if unit not in whole:
+                split.append(_split(unit, max_ops, max_bytes))
+        g_ops = sum(len(u.changes) for u in whole)
+        g_cmp = sum(len(u.compares) for u in whole)
+        g_size = sum(_size(u.changes) for u in whole)
+        if current.units and not fits(current, g_ops, g_cmp, g_size):
+            txns.append(current)
+            current = Txn()
+        for unit in whole:
+            size = _size(unit.changes)
+            if current.units and not fits(current, len(unit.changes), len(unit.compares), size):
+                txns.append(current)
+                current = Txn()
+            current.units.append(unit)
+            current.changes.extend(unit.changes)
+            current.compares.extend(unit.compares)
+            current.bytes += size
+    if current.units:
+        txns.append(current)
+    return txns, split
+
+
+def _split(unit: UnitPlan, max_ops: int, max_bytes: int) -> list[Txn]:
+    changes = list(unit.changes)
+    last = changes[-1]
+    if unit.removed and last.new is None and last.old is not None and unit.owner is not None:
+        # Mark the record as being removed first: a restart then finishes the removal.
+        try:
+            tombstone = decode_record(last.old).tombstone().to_value()
+            changes.insert(0, Change(last.key, last.old, tombstone))
+            changes[-1] = Change(last.key, tombstone, None)
+        except RecordDecodeError:
+            pass
+    chunks: list[Txn] = []
+    current = Txn(units=[unit])
+    for change in changes:
+        size = _size([change])
+        if current.changes and (len(current.changes) >= max_ops or current.bytes + size > max_bytes):
+            chunks.append(current)
+            current = Txn(units=[unit])
+        current.changes.append(change)
+        current.bytes += size
+    chunks.append(current)
+    for index, chunk in enumerate(chunks):
+        chunk.chunk = (index, len(chunks))
+    return chunks

@@ -1,0 +1,105 @@
+"""Apply plans to etcd: packed, compare-guarded transactions, several in flight.
+
+Whole-unit transactions are independent (no ingress references another's objects), so they
+may commit in any order. The chunks of an oversized unit commit strictly in order, each
+guarded by the revision the previous chunk produced. The observed mirror is updated from
+every committed transaction, so the next plan starts from what etcd now holds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from loguru import logger
+
+from ..etcd.client import Compare, EtcdClient, EtcdError
+from ..plan.observed import Observed
+from ..plan.plan import UnitPlan
+from . import metrics
+from .packing import Txn, pack
+
+
+@dataclass(slots=True)
+class ApplyResult:
+    """Which units committed, which lost a compare (re-plan them), and the etcd error if any."""
+
+    committed: list[UnitPlan] = field(default_factory=list)
+    conflicted: list[UnitPlan] = field(default_factory=list)
+    failed: list[UnitPlan] = field(default_factory=list)
+    error: EtcdError | None = None
+    revision: int = 0
+    txns: int = 0
+
+
+class Writer:
+    """Commits plans; `fence` compares (leadership) are added to every transaction."""
+
+    def __init__(
+        self, etcd: EtcdClient, observed: Observed, *, max_ops: int = 128, max_bytes: int = 1_000_000, max_in_flight: int = 8
+    ) -> None:
+        self._etcd = etcd
+        self._observed = observed
+        self._max_ops = max_ops
+        self._max_bytes = max_bytes
+        self._in_flight = asyncio.Semaphore(max_in_flight)
+
+    async def apply(self, groups: Sequence[Sequence[UnitPlan]], fence: Sequence[Compare] = ()) -> ApplyResult:
+        """Commit every unit of `groups`; a group (one request) shares a transaction when it fits."""
+        budget = self._max_ops - len(fence)
+        txns, split = pack(groups, budget, self._max_bytes)
+        result = ApplyResult()
+        jobs = [self._commit_whole(t, fence, result) for t in txns]
+        jobs += [self._commit_chunks(chunks, fence, result) for chunks in split]
+        await asyncio.gather(*jobs)
+        return result
+
+    async def _send(self, txn: Txn, compares: Sequence[Compare]) -> tuple[bool, int]:
+        async with self._in_flight:
+            reply = await self._etcd.txn(compares, txn.ops())
+        metrics.TXNS.labels("committed" if reply.succeeded else "conflict").inc()
+        if reply.succeeded:
+            metrics.KEYS_WRITTEN.inc(len(txn.changes))
+            for change in txn.changes:
+                self._observed.set(change.key, change.new, reply.revision)
+            names = sorted({u.name for u in txn.units})
+            logger.info("txn rev={} ops={} units={}", reply.revision, len(txn.changes), ",".join(names))
+        return reply.succeeded, reply.revision
+
+    async def _commit_whole(self, txn: Txn, fence: Sequence[Compare], result: ApplyResult) -> None:
+        try:
+            ok, revision = await self._send(txn, [*txn.compares, *fence])
+        except EtcdError as exc:
+            metrics.ETCD_ERRORS.inc()
+            result.error = exc
+            result.failed.extend(txn.units)
+            return
+        result.txns += 1
+        result.revision = max(result.revision, revision)
+        (result.committed if ok else result.conflicted).extend(txn.units)
+
+    async def _commit_chunks(self, chunks: list[Txn], fence: Sequence[Compare], result: ApplyResult) -> None:
+        unit = chunks[0].units[0]
+        compares = list(unit.compares)
+        record_key = compares[0].key if compares else None
+        record_rev = compares[0].mod_revision if compares else 0
+        for txn in chunks:
+            try:
+                ok, revision = await self._send(txn, [*compares, *fence])
+            except EtcdError as exc:
+                metrics.ETCD_ERRORS.inc()
+                result.error = exc
+                result.failed.append(unit)
+                return
+            result.txns += 1
+            result.revision = max(result.revision, revision)
+            if not ok:
+                result.conflicted.append(unit)
+                return
+            if any(c.key == record_key for c in txn.changes):
+                record_rev = revision
+            # Later chunks: nothing under the unit may have changed since our previous chunk.
+            compares = [Compare(record_key, "EQUAL", record_rev)] if record_key else []
+            compares += [Compare(c.key, "LESS", revision + 1, prefix=True) for c in unit.compares if c.prefix]
+        result.committed.append(unit)
