@@ -93,7 +93,7 @@ Cidr = Annotated[str, AfterValidator(_cidr)]
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, str_strip_whitespace=False)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
 def parse_upstream_url(value: str, schemes: tuple[str, ...]) -> tuple[str, str, int]:
@@ -303,6 +303,9 @@ class Ingress(_Strict):
             for server in _servers_of(self):
                 if not server.startswith("tcp://"):
                     raise ValueError(f"upstream: tcp ingress server {server!r} needs a tcp://host:port URL")
+            for upstream in (self.upstream, self.canary.upstream if self.canary else None):
+                if isinstance(upstream, ServersUpstream) and any(s.weight != 1 for s in upstream.servers):
+                    raise ValueError("upstream: Traefik cannot weight tcp servers; use canary for a weighted split")
             if self.upstream_tls is not None:
                 raise ValueError("upstream_tls: not supported for tcp ingresses")
         if len(set(self.hosts)) != len(self.hosts):

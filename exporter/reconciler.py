@@ -469,6 +469,8 @@ class Reconciler:
             if seen is None and event.value is None:
                 continue
             self.observed.set(event.key, event.value, event.mod_revision)
+            if self._writer.inflight.get(event.key, "\x00") == event.value:
+                continue  # our own transaction, seen before its reply
             if event.key.startswith(self.records_prefix + "/"):
                 owner = self._adopt_record(event.key, event.value)
             else:

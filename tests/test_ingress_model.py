@@ -1,0 +1,217 @@
+"""Validation of every ingress field: good values pass, bad ones fail naming the field."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+
+from exporter.ingress import (
+    MAX_HOSTS,
+    MAX_SERVERS,
+    Ingress,
+    IngressFile,
+    RemoveRequest,
+    field_errors,
+)
+
+BASE: dict[str, Any] = {
+    "authority": "edge",
+    "id": "llama",
+    "revision": 3,
+    "hosts": ["llama.example.test"],
+    "upstream": {"servers": [{"url": "http://10.0.0.5:8000"}]},
+}
+
+
+def build(**changes: Any) -> Ingress:
+    data = {**BASE, **changes}
+    return Ingress.model_validate(data)
+
+
+def errors_of(**changes: Any) -> list[dict[str, str]]:
+    with pytest.raises(ValidationError) as info:
+        build(**changes)
+    return field_errors(info.value)
+
+
+def locs(**changes: Any) -> list[str]:
+    return [e["loc"] for e in errors_of(**changes)]
+
+
+def test_design_example_validates_with_backend_ai_defaults() -> None:
+    ingress = build()
+    assert ingress.protocol == "http"
+    assert ingress.path_prefix == "/"
+    assert ingress.upstream.kind == "servers"
+    hc = ingress.health_check
+    assert (hc.enable, hc.path, hc.interval, hc.max_retries, hc.max_wait_time, hc.expected_status_code, hc.initial_delay) == (
+        False, "/health", 10.0, 10, 15.0, 200, 60.0,
+    )
+
+
+@pytest.mark.parametrize("value", ["Edge", "edge_1", "-edge", "edge-", "", "a" * 64, "123", "ed.ge", "é", "ed ge"])
+def test_authority_must_be_a_lowercase_dns_label_not_all_digits(value: str) -> None:
+    assert locs(authority=value) == ["authority"]
+
+
+@pytest.mark.parametrize("value", ["llama/../x", "Llama", "llama@etcd", "007", "llama,2", "llama`", "ll\u0430ma"])
+def test_id_rejects_key_segments_case_digits_and_provider_separator(value: str) -> None:
+    assert locs(id=value) == ["id"]
+
+
+@pytest.mark.parametrize("value", ["a", "a1", "model-7", "x" * 63])
+def test_id_accepts_dns_labels(value: str) -> None:
+    assert build(id=value).id == value
+
+
+@pytest.mark.parametrize(
+    "host",
+    [
+        "a`) || Host(`evil",
+        "evil.test`)",
+        "evil.test\")",
+        "Evil.test",
+        "evil..test",
+        "evil.test,other.test",
+        "ev(il).test",
+        "-evil.test",
+        "évil.test",
+        "evil.test/path",
+        "*.test",
+        "a" * 64 + ".test",
+    ],
+)
+def test_host_injection_and_bad_names_are_rejected(host: str) -> None:
+    assert locs(hosts=[host]) == ["hosts.0"]
+
+
+def test_wildcard_and_plain_hosts_are_accepted() -> None:
+    assert build(hosts=["*.models.example.test", "llama.example.test"]).hosts[0] == "*.models.example.test"
+
+
+def test_hosts_are_bounded_unique_and_required_for_http() -> None:
+    assert locs(hosts=[f"h{n}.test" for n in range(MAX_HOSTS + 1)]) == ["hosts"]
+    assert "hosts: must be unique" in errors_of(hosts=["a.test", "a.test"])[0]["msg"]
+    assert "at least one host" in errors_of(hosts=[])[0]["msg"]
+
+
+@pytest.mark.parametrize(
+    "path", ["v1", "/v1`) || Path(`/", "/a b", "/a,b", "/a{1,3}", "/(x)", "/a'b", '/a"b', "/a|b", "/" + "a" * 300]
+)
+def test_path_prefix_injection_is_rejected(path: str) -> None:
+    assert locs(path_prefix=path) == ["path_prefix"]
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://10.0.0.5",
+        "10.0.0.5:8000",
+        "ftp://10.0.0.5:21",
+        "http://user:pw@10.0.0.5:80",
+        "http://10.0.0.5:99999",
+        "http://10.0.0.5:0",
+        "http://10.0.0.5:80?x=1",
+        "http://bad_host:80",
+        "http://10.0.0.5:80,http://x:80",
+        "http://10.0.0.5:80`)",
+    ],
+)
+def test_server_url_needs_scheme_host_and_port(url: str) -> None:
+    assert locs(upstream={"servers": [{"url": url}]}) == ["upstream.servers.servers.0.url"]
+
+
+def test_server_weights_and_bounds() -> None:
+    assert locs(upstream={"servers": [{"url": "http://a.test:80", "weight": -1}]}) == ["upstream.servers.servers.0.weight"]
+    assert locs(upstream={"servers": [{"url": "http://a.test:80", "weight": "1"}]}) == ["upstream.servers.servers.0.weight"]
+    too_many = [{"url": f"http://10.0.{n // 250}.{n % 250}:80"} for n in range(MAX_SERVERS + 1)]
+    assert locs(upstream={"servers": too_many}) == ["upstream.servers.servers"]
+    assert locs(upstream={"servers": []}) == ["upstream.servers.servers"]
+    dup = [{"url": "http://a.test:80"}, {"url": "http://a.test:80"}]
+    assert locs(upstream={"servers": dup}) == ["upstream.servers.servers"]
+
+
+def test_canary_weight_is_a_percentage_1_to_99() -> None:
+    up = {"servers": [{"url": "http://10.0.0.6:8000"}]}
+    assert build(canary={"weight": 10, "upstream": up}).canary.weight == 10  # type: ignore[union-attr]
+    for bad in (0, 100, -5):
+        assert locs(canary={"weight": bad, "upstream": up}) == ["canary.weight"]
+
+
+@pytest.mark.parametrize("cidr", ["10.0.0.0/33", "10.0.0", "abc", "10.0.0.0/8,192.168.0.0/16", "::1/129"])
+def test_allowed_client_ips_must_be_cidrs(cidr: str) -> None:
+    assert locs(allowed_client_ips=[cidr]) == ["allowed_client_ips.0"]
+
+
+def test_allowed_client_ips_are_normalised() -> None:
+    assert build(allowed_client_ips=["10.1.2.3/8", "::1"]).allowed_client_ips == ["10.0.0.0/8", "::1/128"]
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("interval", 0), ("max_retries", 0), ("max_wait_time", -1), ("expected_status_code", 999), ("initial_delay", -1), ("path", "health"), ("enable", "maybe")],
+)
+def test_health_check_fields(field: str, value: Any) -> None:
+    assert locs(health_check={field: value}) == [f"health_check.{field}"]
+
+
+def test_upstream_tls_needs_a_pem_and_a_host_name() -> None:
+    assert locs(upstream_tls={"ca_pem": "not a pem"}) == ["upstream_tls.ca_pem"]
+    assert locs(upstream_tls={"server_name": "bad name"}) == ["upstream_tls.server_name"]
+
+
+def test_unknown_fields_and_wrong_types_are_rejected_with_every_error_listed() -> None:
+    found = locs(authority="Edge", revision="3", hostz=["a.test"], protocol="udp")
+    assert set(found) == {"authority", "revision", "hostz", "protocol"}
+
+
+def test_revision_must_be_a_non_negative_integer() -> None:
+    for bad in (-1, 1.5, True, "3"):
+        assert locs(revision=bad) == ["revision"]
+
+
+def test_tcp_ingress_rules() -> None:
+    tcp_up = {"servers": [{"url": "tcp://10.0.0.5:5432"}]}
+    assert build(protocol="tcp", hosts=[], upstream=tcp_up).protocol == "tcp"
+    assert "tcp://host:port" in errors_of(protocol="tcp", hosts=[])[0]["msg"]
+    assert "route by path" in errors_of(protocol="tcp", hosts=[], path_prefix="/x", upstream=tcp_up)[0]["msg"]
+    weighted = {"servers": [{"url": "tcp://10.0.0.5:5432", "weight": 3}]}
+    assert "cannot weight tcp servers" in errors_of(protocol="tcp", hosts=[], upstream=weighted)[0]["msg"]
+    assert "http(s) URL" in errors_of(upstream=tcp_up)[0]["msg"]
+
+
+def test_ai_proxy_multi_instances() -> None:
+    up = {
+        "kind": "ai-proxy-multi",
+        "instances": [
+            {"name": "openai", "url": "https://api.openai.example:443", "weight": 3, "checks": {"path": "/v1/models", "headers": {"Authorization": "Bearer x"}, "interval": 5}},
+            {"name": "local-vllm", "url": "http://10.0.0.7:8000"},
+        ],
+    }
+    ingress = build(upstream=up)
+    assert ingress.upstream.kind == "ai-proxy-multi"
+    bad = {"kind": "ai-proxy-multi", "instances": [{"name": "a", "url": "http://a.test:80", "checks": {"headers": {"X": "a\r\nInjected: 1"}}}]}
+    assert locs(upstream=bad) == ["upstream.ai-proxy-multi.instances.0.checks.headers"]
+    dup = {"kind": "ai-proxy-multi", "instances": [{"name": "a", "url": "http://a.test:80"}, {"name": "a", "url": "http://b.test:80"}]}
+    assert locs(upstream=dup) == ["upstream.ai-proxy-multi.instances"]
+
+
+def test_entrypoints_cannot_carry_commas_or_be_empty() -> None:
+    assert locs(entrypoints=["web,websecure"]) == ["entrypoints.0"]
+    assert locs(entrypoints=[]) == ["entrypoints"]
+
+
+def test_a_request_cannot_name_one_ingress_twice_and_is_bounded() -> None:
+    with pytest.raises(ValidationError) as info:
+        IngressFile.model_validate({"ingresses": [BASE, BASE]})
+    assert "appears more than once" in field_errors(info.value)[0]["msg"]
+    with pytest.raises(ValidationError):
+        RemoveRequest.model_validate({"ingresses": [{"authority": "a", "id": "b", "revision": 1}] * 1001})
+
+
+def test_field_errors_never_echo_the_input() -> None:
+    secret = "Bearer super-secret-token"
+    errors = errors_of(hosts=[secret])
+    assert secret not in str(errors)

@@ -1,0 +1,182 @@
+"""Planning, ordering, packing and the printed diff (pure logic)."""
+
+from __future__ import annotations
+
+from exporter.etcd.client import Compare
+from exporter.plan.format import format_plan
+from exporter.plan.observed import Observed
+from exporter.plan.plan import Change, Plan, UnitPlan, order_changes, plan_ingress
+from exporter.plan.planner import Planner
+from exporter.render.renderer import Renderer
+from exporter.render.root_keys import DefaultCertificate
+from exporter.store.records import Record, decode_record, record_key
+from exporter.write.packing import pack
+from tests.helpers import record
+
+PREFIX = "records"
+CERT = DefaultCertificate("CERT", "KEY", generated=True)
+UP = {"servers": [{"url": "http://10.0.0.5:8000"}]}
+
+
+def planner() -> Planner:
+    return Planner(Renderer("traefik/worker_{authority}", ["web"]), PREFIX, CERT)
+
+
+def observed_after(plan: Plan, obs: Observed, revision: int = 10) -> None:
+    for change in plan.changes():
+        obs.set(change.key, change.new, revision)
+
+
+def test_first_plan_creates_root_keys_record_and_objects_with_guards() -> None:
+    obs = Observed("traefik/worker_{authority}", PREFIX)
+    rec = record("llama", upstream=UP)
+    plan = planner().plan({rec.key: rec}, obs)
+    root, unit = plan.units
+    assert root.name == "root traefik/worker_test"
+    assert {c.key for c in root.changes} == {
+        "traefik/worker_test/_meta/owner",
+        "traefik/worker_test/tls/stores/default/defaultCertificate/certFile",
+        "traefik/worker_test/tls/stores/default/defaultCertificate/keyFile",
+    }
+    assert unit.name == "test/llama"
+    assert all(c.sign == "+" for c in unit.changes)
+    assert unit.changes[0].key == record_key(PREFIX, "test", "llama")
+    # Record must not exist yet; each object subtree must be empty.
+    assert unit.compares[0] == Compare("records/test/llama", "EQUAL", 0)
+    assert Compare("traefik/worker_test/http/routers/test_llama/", "LESS", 1, prefix=True) in unit.compares
+
+
+def test_idle_plan_is_empty() -> None:
+    obs = Observed("traefik/worker_{authority}", PREFIX)
+    rec = record("llama", upstream=UP)
+    p = planner()
+    observed_after(p.plan({rec.key: rec}, obs), obs)
+    again = p.plan({rec.key: rec}, obs)
+    assert again.empty and again.foreign == []
+
+
+def test_update_changes_only_what_differs_and_guards_on_observed_revisions() -> None:
+    obs = Observed("traefik/worker_{authority}", PREFIX)
+    p = planner()
+    v1 = record("llama", upstream=UP)
+    observed_after(p.plan({v1.key: v1}, obs), obs, revision=7)
+    v2 = record("llama", revision=2, upstream={"servers": [{"url": "http://10.0.0.9:8000"}]})
+    (unit,) = p.plan({v2.key: v2}, obs, owners=[v2.key]).units
+    signs = {c.key.rsplit("test_llama/", 1)[-1]: c.sign for c in unit.changes}
+    assert signs == {"records/test/llama": "~", "loadBalancer/servers/000/url": "~"}
+    assert unit.compares[0] == Compare("records/test/llama", "EQUAL", 7)
+    assert Compare("traefik/worker_test/http/services/test_llama/", "LESS", 8, prefix=True) in unit.compares
+
+
+def test_removal_deletes_every_owned_key_and_the_record() -> None:
+    obs = Observed("traefik/worker_{authority}", PREFIX)
+    p = planner()
+    rec = record("llama", upstream=UP)
+    observed_after(p.plan({rec.key: rec}, obs), obs)
+    (unit,) = p.plan({}, obs, owners=[rec.key]).units
+    assert unit.removed and all(c.sign == "-" for c in unit.changes)
+    assert unit.changes[-1].key == "records/test/llama"
+    owned = [k for k in obs.keys if "test_llama" in k]
+    assert {c.key for c in unit.changes} == set(owned) | {"records/test/llama"}
+
+
+def test_drift_inside_an_owned_object_is_repaired_and_foreign_keys_are_reported() -> None:
+    obs = Observed("traefik/worker_{authority}", PREFIX)
+    p = planner()
+    rec = record("llama", upstream=UP)
+    observed_after(p.plan({rec.key: rec}, obs), obs)
+    obs.set("traefik/worker_test/http/routers/test_llama/rulez", "x", 11)  # would freeze Traefik
+    obs.set("traefik/worker_test/http/routers/test_llama/rule", "Host(`evil.test`)", 11)
+    obs.set("traefik/worker_test/http/routers/someone/rule", "Host(`x.test`)", 11)
+    obs.set("traefik/worker_test/http/routers/test_ghost/rule", "Host(`g.test`)", 11)  # no record: not ours
+    plan = p.plan({rec.key: rec}, obs)
+    changes = {c.key: c.sign for c in plan.changes()}
+    assert changes == {
+        "traefik/worker_test/http/routers/test_llama/rulez": "-",
+        "traefik/worker_test/http/routers/test_llama/rule": "~",
+    }
+    assert plan.foreign == ["traefik/worker_test/http/routers/someone/rule", "traefik/worker_test/http/routers/test_ghost/rule"]
+
+
+def test_generated_certificate_is_only_created_never_replaced() -> None:
+    obs = Observed("traefik/worker_{authority}", PREFIX)
+    rec = record("llama", upstream=UP)
+    obs.set("traefik/worker_test/tls/stores/default/defaultCertificate/certFile", "OTHER", 3)
+    obs.set("traefik/worker_test/tls/stores/default/defaultCertificate/keyFile", "OTHERKEY", 3)
+    plan = planner().plan({rec.key: rec}, obs)
+    assert [c.key for c in plan.units[0].changes] == ["traefik/worker_test/_meta/owner"]
+
+
+def test_order_changes_never_leaves_a_router_pointing_at_nothing() -> None:
+    changes = [
+        Change("r/http/services/a/x", "1", None),
+        Change("r/http/routers/a/rule", None, "r"),
+        Change("rec", None, "v"),
+        Change("r/http/services/b/x", None, "1"),
+        Change("r/http/routers/c/rule", "r", None),
+    ]
+    ordered = [c.key for c in order_changes(changes, "rec")]
+    assert ordered == ["rec", "r/http/routers/c/rule", "r/http/services/b/x", "r/http/routers/a/rule", "r/http/services/a/x"]
+    removal = order_changes([Change("rec", "v", None), Change("r/http/routers/a/rule", "x", None)], "rec")
+    assert [c.key for c in removal] == ["r/http/routers/a/rule", "rec"]
+
+
+def _unit(name: str, n: int, compares: int = 2) -> UnitPlan:
+    changes = [Change(f"{name}/k{i}", None, "v") for i in range(n)]
+    return UnitPlan(name, changes, [Compare(f"{name}/c{i}", "EQUAL", 0) for i in range(compares)], owner=("a", name))
+
+
+def test_packing_fills_transactions_on_unit_boundaries() -> None:
+    units = [[_unit(f"u{i}", 10)] for i in range(30)]
+    txns, split = pack(units, 128, 1_000_000)
+    assert not split
+    assert [len(t.changes) for t in txns] == [120, 120, 60]
+    assert all(len(t.compares) <= 128 for t in txns)
+
+
+def test_packing_respects_the_compare_budget_and_bytes() -> None:
+    txns, _ = pack([[_unit(f"u{i}", 1, compares=50)] for i in range(5)], 128, 1_000_000)
+    assert [len(t.compares) for t in txns] == [100, 100, 50]
+    big = [[UnitPlan(f"u{i}", [Change(f"k{i}", None, "x" * 4000)], [], owner=("a", f"u{i}"))] for i in range(10)]
+    txns, _ = pack(big, 128, 20_000)
+    assert len(txns) > 1 and all(t.bytes <= 20_000 for t in txns)
+
+
+def test_a_request_group_shares_one_transaction_when_it_fits() -> None:
+    groups = [[_unit("a", 100)], [_unit("b", 20), _unit("c", 20)]]
+    txns, _ = pack(groups, 128, 1_000_000)
+    assert [[u.name for u in t.units] for t in txns] == [["a"], ["b", "c"]]
+
+
+def test_an_oversized_unit_is_split_in_safe_order_with_a_tombstone_first() -> None:
+    rec = record("llama", upstream=UP)
+    changes = [Change(f"r/http/routers/test_llama/k{i}", "v", None) for i in range(150)]
+    changes.append(Change("records/test/llama", rec.to_value(), None))
+    unit = UnitPlan("test/llama", changes, [Compare("records/test/llama", "EQUAL", 5)], owner=("test", "llama"), removed=True)
+    txns, split = pack([[unit]], 128, 1_000_000)
+    assert not txns and len(split) == 1
+    chunks = split[0]
+    assert chunks[0].changes[0].key == "records/test/llama"
+    assert decode_record(chunks[0].changes[0].new or "").removing
+    assert chunks[-1].changes[-1] == Change("records/test/llama", Record.of(rec.ingress).tombstone().to_value(), None)
+    assert sum(len(c.changes) for c in chunks) == 152
+
+
+def test_plan_ingress_with_no_difference_is_none() -> None:
+    assert plan_ingress(
+        owner=("a", "b"), desired={"k": "v"}, observed_objects={"o": {"k": ("v", 3)}}, desired_objects=("o",),
+        record_key="rec", desired_record=None, observed_record=None,
+    ) is None
+
+
+def test_format_prints_added_removed_changed_and_foreign() -> None:
+    plan = Plan(
+        units=[UnitPlan("u", [Change("a", None, "1"), Change("b", "2", None), Change("c", "3", "4")], [])],
+        foreign=["f"],
+    )
+    assert format_plan(plan) == (
+        "+ a = 1\n- b (was 2)\n~ c: 3 -> 4\n! f (foreign key under a managed root: left alone)\n"
+    )
+    colored = format_plan(plan, color=True)
+    assert "\x1b[32m+ a = 1\x1b[0m" in colored
+    assert format_plan(Plan()) == ""

@@ -1,0 +1,208 @@
+"""Rendering: each feature's keys, the decoder traps, and templates that Traefik would reject."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from exporter.errors import TemplateError
+from exporter.render.flatten import flatten
+from exporter.render.renderer import BUILTIN_TEMPLATES, Renderer
+from exporter.render.traefik_schema import Fragment
+from tests.helpers import ingress
+
+ROOT = "traefik/worker_test"
+
+
+@pytest.fixture
+def renderer() -> Renderer:
+    return Renderer("traefik/worker_{authority}", ["web"])
+
+
+def keys(renderer: Renderer, **fields: object) -> dict[str, str]:
+    return renderer.render(ingress("llama", **fields)).kv
+
+
+def rel(kv: dict[str, str]) -> dict[str, str]:
+    return {k.removeprefix(ROOT + "/"): v for k, v in kv.items()}
+
+
+UP = {"servers": [{"url": "http://10.0.0.5:8000", "weight": 2}]}
+
+
+def test_router_and_load_balancer(renderer: Renderer) -> None:
+    kv = rel(keys(renderer, upstream=UP))
+    assert kv == {
+        "http/routers/test_llama/rule": "Host(`llama.test`)",
+        "http/routers/test_llama/service": "test_llama",
+        "http/routers/test_llama/priority": "101",
+        "http/routers/test_llama/entryPoints/00": "web",
+        "http/services/test_llama/loadBalancer/servers/000/url": "http://10.0.0.5:8000",
+        "http/services/test_llama/loadBalancer/servers/000/weight": "2",
+    }
+
+
+def test_several_hosts_and_path_prefix(renderer: Renderer) -> None:
+    kv = rel(keys(renderer, upstream=UP, hosts=["a.test", "*.b.example.test"], path_prefix="/v1"))
+    assert kv["http/routers/test_llama/rule"] == (
+        "(Host(`a.test`) || HostRegexp(`^[a-z0-9-]+\\.b\\.example\\.test$`)) && PathPrefix(`/v1`)"
+    )
+    # Longer prefixes win over shorter ones on the same host.
+    assert kv["http/routers/test_llama/priority"] == "103"
+
+
+def test_entrypoints_override_the_default(renderer: Renderer) -> None:
+    kv = rel(keys(renderer, upstream=UP, entrypoints=["websecure", "web"]))
+    assert kv["http/routers/test_llama/entryPoints/00"] == "websecure"
+    assert kv["http/routers/test_llama/entryPoints/01"] == "web"
+
+
+def test_canary_is_a_weighted_service_over_two_load_balancers(renderer: Renderer) -> None:
+    kv = rel(keys(renderer, upstream=UP, canary={"weight": 10, "upstream": {"servers": [{"url": "http://10.0.0.6:8000"}]}}))
+    assert kv["http/services/test_llama/weighted/services/00/name"] == "test_llama_primary"
+    assert kv["http/services/test_llama/weighted/services/00/weight"] == "90"
+    assert kv["http/services/test_llama/weighted/services/01/name"] == "test_llama_canary"
+    assert kv["http/services/test_llama/weighted/services/01/weight"] == "10"
+    assert kv["http/services/test_llama_primary/loadBalancer/servers/000/url"] == "http://10.0.0.5:8000"
+    assert kv["http/services/test_llama_canary/loadBalancer/servers/000/url"] == "http://10.0.0.6:8000"
+
+
+def test_ip_allow_list_middleware(renderer: Renderer) -> None:
+    kv = rel(keys(renderer, upstream=UP, allowed_client_ips=["10.0.0.0/8", "192.168.1.7"]))
+    assert kv["http/routers/test_llama/middlewares/00"] == "test_llama_allow"
+    assert kv["http/middlewares/test_llama_allow/ipAllowList/sourceRange/00"] == "10.0.0.0/8"
+    assert kv["http/middlewares/test_llama_allow/ipAllowList/sourceRange/01"] == "192.168.1.7/32"
+
+
+def test_upstream_tls_is_a_servers_transport(renderer: Renderer) -> None:
+    from exporter.render.root_keys import generate_certificate
+
+    pem = generate_certificate().cert_pem
+    kv = rel(keys(renderer, upstream={"servers": [{"url": "https://10.0.0.5:8443"}]}, upstream_tls={"ca_pem": pem, "server_name": "model.internal"}))
+    assert kv["http/services/test_llama/loadBalancer/serversTransport"] == "test_llama_tls"
+    assert kv["http/serversTransports/test_llama_tls/serverName"] == "model.internal"
+    assert kv["http/serversTransports/test_llama_tls/rootCAs/00"] == pem
+
+
+def test_tcp_router_and_service(renderer: Renderer) -> None:
+    kv = rel(keys(renderer, protocol="tcp", hosts=[], upstream={"servers": [{"url": "tcp://10.0.0.5:5432"}]}))
+    assert kv == {
+        "tcp/routers/test_llama/rule": "HostSNI(`*`)",
+        "tcp/routers/test_llama/service": "test_llama",
+        "tcp/routers/test_llama/entryPoints/00": "web",
+        "tcp/services/test_llama/loadBalancer/servers/000/address": "10.0.0.5:5432",
+    }
+    sni = rel(keys(renderer, protocol="tcp", hosts=["db.test"], upstream={"servers": [{"url": "tcp://10.0.0.5:5432"}]}))
+    assert sni["tcp/routers/test_llama/rule"] == "HostSNI(`db.test`)"
+    assert sni["tcp/routers/test_llama/tls/passthrough"] == "true"
+
+
+def test_ai_proxy_multi_renders_a_weighted_service_over_instances(renderer: Renderer) -> None:
+    up = {"kind": "ai-proxy-multi", "instances": [{"name": "openai", "url": "https://api.openai.example:443", "weight": 3}, {"name": "vllm", "url": "http://10.0.0.7:8000"}]}
+    kv = rel(keys(renderer, upstream=up))
+    assert kv["http/services/test_llama/weighted/services/00/name"] == "test_llama_i_openai"
+    assert kv["http/services/test_llama/weighted/services/00/weight"] == "3"
+    assert kv["http/services/test_llama_i_openai/loadBalancer/servers/000/url"] == "https://api.openai.example:443"
+    assert kv["http/services/test_llama_i_openai/loadBalancer/passHostHeader"] == "false"
+
+
+def test_ejected_servers_are_left_out(renderer: Renderer) -> None:
+    up = {"servers": [{"url": "http://10.0.0.5:8000"}, {"url": "http://10.0.0.6:8000"}]}
+    rendered = renderer.render(ingress("llama", upstream=up), frozenset({"http://10.0.0.5:8000"}))
+    urls = [v for k, v in rendered.kv.items() if k.endswith("/url")]
+    assert urls == ["http://10.0.0.6:8000"]
+
+
+# ----- decoder traps
+
+
+def test_list_indices_are_zero_padded_to_the_list_bound(renderer: Renderer) -> None:
+    servers = [{"url": f"http://10.0.0.{n}:8000"} for n in range(1, 13)]
+    kv = rel(keys(renderer, upstream={"servers": servers}))
+    urls = [(k, v) for k, v in sorted(kv.items()) if k.endswith("/url")]
+    # String order of the keys equals list order: Traefik sorts indices as strings.
+    assert [v for _, v in urls] == [s["url"] for s in servers]
+    assert urls[10][0].endswith("/servers/010/url")
+
+
+def test_object_names_are_lowercase_unique_never_digits_and_without_at(renderer: Renderer) -> None:
+    names = set()
+    for authority, iid in [("a-b", "c"), ("a", "b-c"), ("x", "1a"), ("e", "llama")]:
+        rendered = renderer.render(ingress(iid, authority=authority, upstream=UP))
+        for obj in rendered.objects:
+            name = obj.rsplit("/", 1)[1]
+            assert name == name.lower() and "@" not in name and not name.isdigit()
+            names.add(obj.lower())
+    assert len(names) == 8  # router + service each, no collision between a-b/c and a/b-c
+
+
+def test_no_list_element_carries_a_comma() -> None:
+    with pytest.raises(ValueError, match="must not contain ','"):
+        Fragment.model_validate({"http": {"middlewares": {"m": {"ipAllowList": {"sourceRange": ["10.0.0.0/8,1.2.3.4"]}}}}})
+
+
+def test_flatten_writes_booleans_and_integers_as_traefik_reads_them() -> None:
+    fragment = Fragment.model_validate(
+        {"http": {"serversTransports": {"t": {"insecureSkipVerify": True, "maxIdleConnsPerHost": 4}}}}
+    )
+    assert flatten(fragment, "r") == {
+        "r/http/serversTransports/t/insecureSkipVerify": "true",
+        "r/http/serversTransports/t/maxIdleConnsPerHost": "4",
+    }
+
+
+# ----- templates that would freeze Traefik
+
+
+def _override(tmp_path: Path, body_replace: tuple[str, str]) -> Renderer:
+    text = (BUILTIN_TEMPLATES / "http.json.j2").read_text()
+    assert body_replace[0] in text
+    (tmp_path / "http.json.j2").write_text(text.replace(*body_replace))
+    return Renderer("traefik/worker_{authority}", ["web"], tmp_path)
+
+
+def test_template_rendering_priority_abc_is_rejected_with_its_name(tmp_path: Path) -> None:
+    bad = _override(tmp_path, ('"priority": {{ 100 + ingress.path_prefix | length }}', '"priority": "abc"'))
+    with pytest.raises(TemplateError) as info:
+        bad.render(ingress("llama", upstream=UP))
+    assert "http.json.j2" in info.value.title
+    assert any("priority" in e["loc"] for e in info.value.data["errors"])
+
+
+def test_template_rendering_an_unknown_field_is_rejected(tmp_path: Path) -> None:
+    bad = _override(tmp_path, ('"rule":', '"rulez": "x", "rule":'))
+    with pytest.raises(TemplateError) as info:
+        bad.render(ingress("llama", upstream=UP))
+    assert any(e["loc"].endswith("rulez") for e in info.value.data["errors"])
+
+
+def test_template_naming_an_object_outside_the_ingress_is_rejected(tmp_path: Path) -> None:
+    bad = _override(tmp_path, ('"routers": {"{{ name }}"', '"routers": {"someone_else"'))
+    with pytest.raises(TemplateError, match="not named test_llama"):
+        bad.render(ingress("llama", upstream=UP))
+
+
+def test_template_with_undefined_variable_fails_loudly(tmp_path: Path) -> None:
+    bad = _override(tmp_path, ('"service": "{{ name }}"', '"service": "{{ nmae }}"'))
+    with pytest.raises(TemplateError, match="nmae"):
+        bad.render(ingress("llama", upstream=UP))
+
+
+def test_template_sandbox_blocks_python_internals(tmp_path: Path) -> None:
+    bad = _override(tmp_path, ('"service": "{{ name }}"', '"service": "{{ name.__class__.__mro__ }}"'))
+    with pytest.raises(TemplateError):
+        bad.render(ingress("llama", upstream=UP))
+
+
+def test_a_user_template_dir_overrides_only_the_files_it_has(tmp_path: Path) -> None:
+    custom = _override(tmp_path, ('"priority": {{ 100 + ingress.path_prefix | length }}', '"priority": 7'))
+    assert custom.render(ingress("llama", upstream=UP)).kv["traefik/worker_test/http/routers/test_llama/priority"] == "7"
+    tcp = custom.render(ingress("db", protocol="tcp", hosts=[], upstream={"servers": [{"url": "tcp://10.0.0.5:5432"}]}))
+    assert "traefik/worker_test/tcp/routers/test_db/rule" in tcp.kv
+
+
+def test_rendering_is_cached_by_content(renderer: Renderer) -> None:
+    one = ingress("llama", upstream=UP)
+    assert renderer.render(one) is renderer.render(ingress("llama", upstream=UP))
+    assert renderer.render(one) is not renderer.render(ingress("llama", upstream=UP, revision=2))

@@ -1,0 +1,193 @@
+"""Each ingress feature, written to a real etcd and served by a real Traefik."""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import ssl
+from collections import Counter
+from pathlib import Path
+
+import aiohttp
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+
+from exporter.embedded import EmbeddedTraefik
+from tests.helpers import AUTHORITY, Backend, eventually, get_via, record, router_enabled, uid
+
+pytestmark = pytest.mark.integration
+
+
+def name_of(ingress_id: str) -> str:
+    return f"{AUTHORITY}_{ingress_id}"
+
+
+async def test_host_rule_routes_only_its_host(ingresses, backends, traefik: EmbeddedTraefik, http) -> None:
+    backends.append(await Backend("hosted").start())
+    iid = uid()
+    await ingresses.upsert(record(iid, upstream={"servers": [{"url": backends[0].url}]}))
+    web = traefik.url("web")
+    assert await eventually(lambda: _answers(http, web, f"{iid}.test", "/", "hosted"))
+    await eventually(lambda: router_enabled(http, traefik.api, name_of(iid)))
+    status, _ = await get_via(http, web, f"other-{iid}.test")
+    assert status == 404
+
+
+async def test_path_prefix_routes_only_under_it(ingresses, backends, traefik, http) -> None:
+    backends.append(await Backend("api-v1").start())
+    iid = uid()
+    await ingresses.upsert(record(iid, path_prefix="/v1", upstream={"servers": [{"url": backends[0].url}]}))
+    web = traefik.url("web")
+    assert await eventually(lambda: _answers(http, web, f"{iid}.test", "/v1/models", "api-v1"))
+    assert (await get_via(http, web, f"{iid}.test", "/v2/models"))[0] == 404
+    assert backends[0].hits["/v1/models"] >= 1
+    await router_enabled(http, traefik.api, name_of(iid))
+
+
+async def test_several_servers_all_receive_traffic(ingresses, backends, traefik, http) -> None:
+    for n in range(3):
+        backends.append(await Backend(f"s{n}").start())
+    iid = uid()
+    await ingresses.upsert(record(iid, upstream={"servers": [{"url": b.url} for b in backends]}))
+    web = traefik.url("web")
+    await eventually(lambda: _answers(http, web, f"{iid}.test", "/", None))
+    seen = Counter([(await get_via(http, web, f"{iid}.test"))[1] for _ in range(30)])
+    assert set(seen) == {"s0", "s1", "s2"}, seen
+
+
+async def test_twelve_servers_keep_their_order_and_all_serve(ingresses, backends, traefik, http) -> None:
+    # More than 10 servers: indices must be zero-padded or Traefik sorts 10 before 2.
+    for n in range(12):
+        backends.append(await Backend(f"s{n}").start())
+    iid = uid()
+    await ingresses.upsert(record(iid, upstream={"servers": [{"url": b.url} for b in backends]}))
+    web = traefik.url("web")
+    await eventually(lambda: _answers(http, web, f"{iid}.test", "/", None))
+    service = await _service(http, traefik, name_of(iid))
+    urls = [s["url"] for s in service["loadBalancer"]["servers"]]
+    assert urls == [b.url for b in backends]
+    seen = Counter([(await get_via(http, web, f"{iid}.test"))[1] for _ in range(48)])
+    assert len(seen) == 12, seen
+
+
+async def test_canary_split_within_tolerance(ingresses, backends, traefik, http) -> None:
+    main, canary = await Backend("main").start(), await Backend("canary").start()
+    backends.extend([main, canary])
+    iid = uid()
+    await ingresses.upsert(
+        record(iid, upstream={"servers": [{"url": main.url}]}, canary={"weight": 25, "upstream": {"servers": [{"url": canary.url}]}})
+    )
+    web = traefik.url("web")
+    await eventually(lambda: _answers(http, web, f"{iid}.test", "/", None))
+    await router_enabled(http, traefik.api, name_of(iid))
+    answers = Counter([(await get_via(http, web, f"{iid}.test"))[1] for _ in range(200)])
+    # Traefik's weighted round robin is deterministic: 25% of 200 = 50, allow scheduling jitter.
+    assert 35 <= answers["canary"] <= 65, answers
+    assert answers["main"] + answers["canary"] == 200
+
+
+async def test_ip_allow_list_answers_403_outside_the_range(ingresses, backends, traefik, http) -> None:
+    backends.append(await Backend("guarded").start())
+    denied, allowed = uid(), uid()
+    await ingresses.upsert(
+        record(denied, allowed_client_ips=["10.0.0.0/8"], upstream={"servers": [{"url": backends[0].url}]}),
+        record(allowed, allowed_client_ips=["127.0.0.0/8", "10.0.0.0/8"], upstream={"servers": [{"url": backends[0].url}]}),
+    )
+    web = traefik.url("web")
+    await eventually(lambda: _status(http, web, f"{denied}.test", 403))
+    await eventually(lambda: _answers(http, web, f"{allowed}.test", "/", "guarded"))
+    await router_enabled(http, traefik.api, name_of(denied))
+
+
+async def test_tcp_route(ingresses, traefik, http) -> None:
+    server = await asyncio.start_server(_echo, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    iid = uid()
+    try:
+        await ingresses.upsert(
+            record(iid, protocol="tcp", hosts=[], entrypoints=["tcp"], upstream={"servers": [{"url": f"tcp://127.0.0.1:{port}"}]})
+        )
+        await eventually(lambda: router_enabled(http, traefik.api, name_of(iid), "tcp/routers"))
+
+        async def roundtrip() -> bool:
+            reader, writer = await asyncio.open_connection("127.0.0.1", traefik.entrypoints["tcp"])
+            writer.write(b"ping\n")
+            await writer.drain()
+            line = await asyncio.wait_for(reader.readline(), 2)
+            writer.close()
+            return line == b"echo ping\n"
+
+        assert await eventually(roundtrip)
+    finally:
+        server.close()
+
+
+async def test_upstream_tls_verified_with_the_test_ca(ingresses, backends, traefik, http, tmp_path: Path) -> None:
+    ca_pem, context = _tls_backend_context(tmp_path, "model.internal")
+    backend = await Backend("tls-backend", ssl_context=context).start()
+    backends.append(backend)
+    good, wrong_name = uid(), uid()
+    up = {"servers": [{"url": backend.url}]}
+    await ingresses.upsert(
+        record(good, upstream=up, upstream_tls={"ca_pem": ca_pem, "server_name": "model.internal"}),
+        record(wrong_name, upstream=up, upstream_tls={"ca_pem": ca_pem, "server_name": "other.internal"}),
+    )
+    web = traefik.url("web")
+    assert await eventually(lambda: _answers(http, web, f"{good}.test", "/", "tls-backend"))
+    await router_enabled(http, traefik.api, name_of(good))
+    # The CA is really checked: a name the certificate does not carry fails the handshake.
+    assert await eventually(lambda: _status(http, web, f"{wrong_name}.test", 500))
+
+
+async def _answers(http: aiohttp.ClientSession, web: str, host: str, path: str, body: str | None) -> bool:
+    status, text = await get_via(http, web, host, path)
+    return status == 200 and (body is None or text == body)
+
+
+async def _status(http: aiohttp.ClientSession, web: str, host: str, expected: int) -> bool:
+    return (await get_via(http, web, host))[0] == expected
+
+
+async def _service(http: aiohttp.ClientSession, traefik: EmbeddedTraefik, name: str) -> dict:  # type: ignore[type-arg]
+    async with http.get(f"{traefik.api}/api/http/services/{name}@etcd") as resp:
+        return await resp.json()  # type: ignore[no-any-return]
+
+
+async def _echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    line = await reader.readline()
+    writer.write(b"echo " + line)
+    await writer.drain()
+    writer.close()
+
+
+def _tls_backend_context(tmp_path: Path, server_name: str) -> tuple[str, ssl.SSLContext]:
+    """A test CA and a server certificate for `server_name` signed by it."""
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "exporter test CA")])
+    import datetime
+
+    now = datetime.datetime.now(datetime.timezone.utc)
+    ca = (
+        x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name).public_key(ca_key.public_key())
+        .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(days=1))
+        .not_valid_after(now + datetime.timedelta(days=2))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(ca_key, hashes.SHA256())
+    )
+    key = ec.generate_private_key(ec.SECP256R1())
+    cert = (
+        x509.CertificateBuilder().subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, server_name)]))
+        .issuer_name(ca_name).public_key(key.public_key()).serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(days=1)).not_valid_after(now + datetime.timedelta(days=2))
+        .add_extension(x509.SubjectAlternativeName([x509.DNSName(server_name), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
+    cert_path, key_path = tmp_path / "server.pem", tmp_path / "server.key"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(cert_path, key_path)
+    return ca.public_bytes(serialization.Encoding.PEM).decode(), context
