@@ -54,6 +54,7 @@ class Daemon:
         self.reconciler = build_reconciler(settings, self.etcd, dry_run)
         self.files = IngressFiles(settings.sources.files, self.reconciler)
         self.stop_event = asyncio.Event()
+        self.sources_applied = False
         self._runners: list[web.AppRunner] = []
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -65,6 +66,8 @@ class Daemon:
             reasons.append(f"etcd unreachable: {status.last_error or 'not contacted yet'}")
         if not status.synced:
             reasons.append("first sync with etcd not done")
+        elif not self.sources_applied:
+            reasons.append("ingress files not applied yet")
         reasons += [f"ingress file {path}: {error}" for path, error in sorted(self.files.errors.items())]
         reasons += [f"ingress {a}/{i}: {error}" for (a, i), error in sorted(self.reconciler.planner.errors.items())]
         return reasons
@@ -80,6 +83,7 @@ class Daemon:
         await self.reconciler.wait_synced()
         self.files.adopt(self.reconciler.store.by_authority())
         await self.files.sync_all()
+        self.sources_applied = True
         await self.files.watch(self.stop_event)
 
     async def stop(self) -> None:

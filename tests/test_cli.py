@@ -1,0 +1,149 @@
+"""The command line against a real etcd: `render`, `diff` (output and exit codes), `run --dry-run`."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from exporter.config import load_settings
+from exporter.daemon import build_reconciler
+from exporter.embedded import EmbeddedEtcd
+from exporter.etcd.client import EtcdClient
+from tests.helpers import eventually, uid
+
+pytestmark = pytest.mark.integration
+
+INGRESS = """\
+ingresses:
+  - authority: cli
+    id: {iid}
+    revision: {revision}
+    hosts: [{iid}.test]
+    upstream:
+      servers: [{{url: "http://127.0.0.1:{port}"}}]
+"""
+
+
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "exporter", *args], capture_output=True, text=True, timeout=60)
+
+
+def write_config(tmp_path: Path, etcd_url: str) -> tuple[Path, str]:
+    space = uid("cli")
+    cfg = tmp_path / "exporter.yaml"
+    cfg.write_text(
+        f'etcd: {{endpoints: ["{etcd_url}"]}}\n'
+        f'root_key: "{space}/worker_{{authority}}"\n'
+        f'records_prefix: "{space}/records"\n'
+        'sources: {files: ["ingresses/*.yaml"]}\n'
+    )
+    (tmp_path / "ingresses").mkdir()
+    return cfg, space
+
+
+def test_render_prints_keys_without_etcd(tmp_path: Path) -> None:
+    cfg = tmp_path / "exporter.yaml"
+    cfg.write_text('etcd: {endpoints: ["http://127.0.0.1:9"]}\nsources: {files: ["ingresses/*.yaml"]}\n')
+    (tmp_path / "ingresses").mkdir()
+    (tmp_path / "ingresses" / "one.yaml").write_text(INGRESS.format(iid="web1", revision=1, port=8000))
+    out = cli("render", "--config", str(cfg))
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert "traefik/worker_cli/http/routers/cli_web1/rule = Host(`web1.test`)" in lines
+    assert "traefik/worker_cli/_meta/owner = traefik-etcd-exporter" in lines
+    assert "traefik/worker_cli/tls/stores/default/defaultCertificate/certFile = <generated certificate>" in lines
+
+
+def test_render_reports_every_bad_field_and_exits_1(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("ingresses:\n  - {authority: Cli, id: '1', revision: -1, upstream: {servers: []}}\n")
+    out = cli("render", str(bad))
+    assert out.returncode == 1
+    for field in ("ingresses.0.authority", "ingresses.0.id", "ingresses.0.revision", "ingresses.0.upstream.servers.servers"):
+        assert field in out.stderr
+    assert "Traceback" not in out.stderr
+
+
+async def test_diff_shows_pending_change_and_exit_codes(tmp_path: Path, etcd: EmbeddedEtcd) -> None:
+    cfg, space = write_config(tmp_path, etcd.url)
+    iid = uid()
+    ingress_file = tmp_path / "ingresses" / "a.yaml"
+    ingress_file.write_text(INGRESS.format(iid=iid, revision=1, port=8000))
+
+    first = await asyncio.to_thread(cli, "diff", "--config", str(cfg))
+    assert first.returncode == 2, first.stderr
+    assert f"+ {space}/worker_cli/http/routers/cli_{iid}/rule = Host(`{iid}.test`)" in first.stdout
+    assert f"+ {space}/records/cli/{iid} = " in first.stdout
+    assert "\x1b[" not in first.stdout  # no colour when not a TTY
+
+    # Apply it with the daemon's own reconciler, then nothing is pending.
+    settings = load_settings(cfg)
+    async with EtcdClient(settings.etcd.endpoints) as client:
+        rec = build_reconciler(settings, client)
+        await rec.start()
+        await rec.wait_synced(20)
+        from exporter.sources.files import IngressFiles
+
+        await IngressFiles(settings.sources.files, rec).sync_all()
+        await rec.stop()
+    clean = await asyncio.to_thread(cli, "diff", "--config", str(cfg))
+    assert (clean.returncode, clean.stdout) == (0, ""), clean.stderr
+
+    ingress_file.write_text(INGRESS.format(iid=iid, revision=2, port=8001))
+    changed = await asyncio.to_thread(cli, "diff", "--config", str(cfg))
+    assert changed.returncode == 2
+    assert (
+        f"~ {space}/worker_cli/http/services/cli_{iid}/loadBalancer/servers/000/url: "
+        "http://127.0.0.1:8000 -> http://127.0.0.1:8001"
+    ) in changed.stdout
+
+    ingress_file.unlink()
+    removed = await asyncio.to_thread(cli, "diff", "--config", str(cfg))
+    assert removed.returncode == 2
+    assert f"- {space}/worker_cli/http/routers/cli_{iid}/rule (was Host(`{iid}.test`))" in removed.stdout
+    async with EtcdClient([etcd.url]) as client:
+        await client.delete_prefix(space + "/")
+
+
+def test_diff_exits_1_when_etcd_is_unreachable(tmp_path: Path) -> None:
+    cfg, _ = write_config(tmp_path, "http://127.0.0.1:9")
+    out = cli("diff", "--config", str(cfg))
+    assert out.returncode == 1
+    assert "unreachable" in out.stderr and "Traceback" not in out.stderr
+
+
+async def test_run_dry_run_logs_the_diff_and_writes_nothing(tmp_path: Path, etcd: EmbeddedEtcd) -> None:
+    cfg, space = write_config(tmp_path, etcd.url)
+    iid = uid()
+    (tmp_path / "ingresses" / "a.yaml").write_text(INGRESS.format(iid=iid, revision=1, port=8000))
+    from exporter.embedded import free_port
+
+    env_listen = f"127.0.0.1:{free_port()}"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "exporter", "run", "--config", str(cfg), "--dry-run"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        env={**__import__("os").environ, "EXPORTER_CONTROL__LISTEN": env_listen, "EXPORTER_LOG__FORMAT": "human"},
+    )
+    try:
+        import aiohttp
+
+        async with aiohttp.ClientSession() as session:
+            async def ready() -> bool:
+                async with session.get(f"http://{env_listen}/readyz") as resp:
+                    return resp.status == 200
+
+            await eventually(ready, timeout=20)
+        async with EtcdClient([etcd.url]) as client:
+            assert (await client.range_prefix(space + "/")).kvs == []
+    finally:
+        proc.terminate()
+        out, _ = proc.communicate(timeout=20)
+    assert proc.returncode == 0, out
+    assert "dry-run: would apply" in out
+    assert f"+ {space}/worker_cli/http/routers/cli_{iid}/rule" in out
+    # The generated certificate's private key is a secret: never logged.
+    assert "PRIVATE KEY-----\\n" not in out and "<redacted private key>" in out

@@ -1,0 +1,87 @@
+"""Ingress files as a source: applied, hot-reloaded, and a bad file keeps its last good content."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from exporter.reconciler import Reconciler
+from exporter.sources.files import IngressFiles
+from tests.conftest import ROOT
+from tests.helpers import AUTHORITY, eventually, uid
+
+pytestmark = pytest.mark.integration
+
+BODY = """\
+ingresses:
+  - authority: test
+    id: {iid}
+    revision: {revision}
+    hosts: [{iid}.test]
+    upstream: {{servers: [{{url: "http://127.0.0.1:{port}"}}]}}
+"""
+
+
+async def _url_in_etcd(etcd_client, iid: str) -> str | None:  # type: ignore[no-untyped-def]
+    kv = await etcd_client.get(f"{ROOT}/http/services/{AUTHORITY}_{iid}/loadBalancer/servers/000/url")
+    return kv.value if kv else None
+
+
+async def test_files_are_applied_hot_reloaded_and_bad_content_keeps_the_last_good(
+    tmp_path: Path, reconciler: Reconciler, etcd_client
+) -> None:
+    iid = uid()
+    path = tmp_path / "routes.yaml"
+    path.write_text(BODY.format(iid=iid, revision=1, port=8001))
+    files = IngressFiles([str(tmp_path / "*.yaml")], reconciler)
+    stop = asyncio.Event()
+    await files.sync_all()
+    watcher = asyncio.create_task(files.watch(stop))
+    try:
+        assert await _url_in_etcd(etcd_client, iid) == "http://127.0.0.1:8001"
+
+        path.write_text(BODY.format(iid=iid, revision=2, port=8002))
+        await eventually(lambda: _is(etcd_client, iid, "http://127.0.0.1:8002"))
+
+        revision = await etcd_client.revision()
+        path.write_text(BODY.format(iid=iid, revision=3, port=8003).replace("hosts:", "hostz:"))
+        await eventually(lambda: _has_error(files, path))
+        assert "hostz" in files.errors[path.resolve()]
+        assert await _url_in_etcd(etcd_client, iid) == "http://127.0.0.1:8002"
+        assert await etcd_client.revision() == revision  # nothing written
+
+        path.write_text(BODY.format(iid=iid, revision=3, port=8003))
+        await eventually(lambda: _is(etcd_client, iid, "http://127.0.0.1:8003"))
+        assert path.resolve() not in files.errors
+
+        path.unlink()
+        await eventually(lambda: _is(etcd_client, iid, None))
+        assert reconciler.store.get((AUTHORITY, iid)) is None
+    finally:
+        stop.set()
+        await watcher
+
+
+async def test_a_stale_revision_in_a_file_is_reported_not_applied(tmp_path: Path, reconciler: Reconciler, etcd_client) -> None:
+    iid = uid()
+    path = tmp_path / "routes.yaml"
+    path.write_text(BODY.format(iid=iid, revision=5, port=8001))
+    files = IngressFiles([str(path)], reconciler)
+    await files.sync_all()
+    path.write_text(BODY.format(iid=iid, revision=4, port=8009))
+    await files.sync_all()
+    assert "lower than the stored 5" in files.errors[path.resolve()]
+    assert await _url_in_etcd(etcd_client, iid) == "http://127.0.0.1:8001"
+    path.unlink()
+    await files.sync_all()
+    assert await _url_in_etcd(etcd_client, iid) is None
+
+
+async def _is(etcd_client, iid: str, expected: str | None) -> bool:  # type: ignore[no-untyped-def]
+    return await _url_in_etcd(etcd_client, iid) == expected
+
+
+async def _has_error(files: IngressFiles, path: Path) -> bool:
+    return path.resolve() in files.errors
