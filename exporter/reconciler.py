@@ -52,6 +52,7 @@ class Status:
     last_error: str | None = None
     foreign_keys: int = 0
     last_revision: int = 0
+    full_passes: int = 0
 
 
 class Reconciler:
@@ -296,6 +297,7 @@ class Reconciler:
         if not plan.empty:
             await self._apply(plan, {}, {u.owner: "reconcile" for u in plan.units if u.owner})
         metrics.RECONCILE_SECONDS.observe(time.monotonic() - started)
+        self.status.full_passes += 1
         if not self.status.synced:
             self.status.synced = True
             self._synced.set()
