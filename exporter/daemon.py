@@ -84,7 +84,7 @@ class Daemon:
         self.files.adopt(self.reconciler.store.by_authority())
         await self.files.sync_all()
         self.sources_applied = True
-        await self.files.watch(self.stop_event)
+        await self.files.follow(self.stop_event)
 
     async def stop(self) -> None:
         """Stop accepting work, finish the transaction in flight, close everything."""

@@ -101,8 +101,15 @@ class Reconciler:
 
     async def start(self) -> None:
         """Start the write loop and the watches; returns at once (see `wait_synced`)."""
-        self._tasks = [
-            asyncio.create_task(self._loop(), name="reconcile-loop"),
+        self._tasks = [asyncio.create_task(self._loop(), name="reconcile-loop")]
+        self._start_watches()
+
+    def _start_watches(self) -> None:
+        # After an etcd restart a long-poll watch can block forever without an error: on
+        # recovery the watches are replaced rather than trusted.
+        for task in self._tasks[1:]:
+            task.cancel()
+        self._tasks[1:] = [
             asyncio.create_task(self._watch(self.observed.roots_prefix), name="watch-roots"),
             asyncio.create_task(self._watch(self.records_prefix + "/"), name="watch-records"),
         ]
@@ -212,7 +219,11 @@ class Reconciler:
                 self._full_requested = True
             try:
                 if self._relist_requested:
+                    recovering = self.status.synced and not self.status.etcd_ok
                     await self._relist()
+                    if recovering:
+                        logger.info("etcd reachable again: re-listed, restarting watches")
+                        self._start_watches()
                 if self._full_requested:
                     self._full_requested = False
                     next_full = time.monotonic() + self._interval
@@ -229,7 +240,7 @@ class Reconciler:
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, _BACKOFF_MAX)
                 self._relist_requested = True
-                self._full_requested = True
+                next_full = time.monotonic()  # retry now: re-list and reconcile everything
 
     def _fail_queue(self, error: ExporterError) -> None:
         for intent in self._queue:

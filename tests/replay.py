@@ -33,6 +33,12 @@ def dangling(kv: dict[str, str], root: str) -> list[str]:
     return [f"{key} -> {name}" for key, kind, name in refs if "@" not in name and name not in present[kind]]
 
 
+def _owner(key: str, root: str) -> str:
+    parts = key[len(root) + 1 :].split("/")
+    name = parts[2] if len(parts) > 2 else ""
+    return "_".join(name.split("_", 2)[:2])
+
+
 def _unb64(data: str | None) -> str:
     return base64.b64decode(data).decode() if data else ""
 
@@ -68,7 +74,7 @@ async def replay(etcd_url: str, root: str, start: int) -> tuple[list[str], int]:
             watch = {"create_request": {"key": _b64(prefix), "range_end": _range_end(prefix), "start_revision": str(start + 1)}}
             async with session.post(f"{etcd_url}/v3/watch", json=watch, timeout=aiohttp.ClientTimeout(total=120)) as resp:
                 done = False
-                async for line in resp.content:
+                while line := await resp.content.readline(max_line_length=256 * 1024 * 1024):
                     result = json.loads(line).get("result", {})
                     for ev in result.get("events") or []:
                         rev = int(ev["kv"]["mod_revision"])
@@ -79,11 +85,23 @@ async def replay(etcd_url: str, root: str, start: int) -> tuple[list[str], int]:
                         by_rev[rev].append((_unb64(ev["kv"]["key"]), value))
                     if done:
                         break
+        # Exporter objects only reference objects of their own ingress (`<authority>_<id>*`), so
+        # each revision is checked on the ingresses it touched: cost follows the change, not the root.
+        by_owner: dict[str, set[str]] = defaultdict(set)
+        for key in state:
+            by_owner[_owner(key, root)].add(key)
         for rev in sorted(by_rev):
+            touched = set()
             for key, value in by_rev[rev]:
+                owner = _owner(key, root)
+                touched.add(owner)
                 if value is None:
                     state.pop(key, None)
+                    by_owner[owner].discard(key)
                 else:
                     state[key] = value
-            violations += [f"rev {rev}: {d}" for d in dangling(state, root)]
+                    by_owner[owner].add(key)
+            for owner in touched:
+                subset = {k: state[k] for k in by_owner[owner]}
+                violations += [f"rev {rev}: {d}" for d in dangling(subset, root)]
         return violations, len(by_rev)

@@ -38,7 +38,7 @@ async def test_files_are_applied_hot_reloaded_and_bad_content_keeps_the_last_goo
     files = IngressFiles([str(tmp_path / "*.yaml")], reconciler)
     stop = asyncio.Event()
     await files.sync_all()
-    watcher = asyncio.create_task(files.watch(stop))
+    watcher = asyncio.create_task(files.follow(stop))
     try:
         assert await _url_in_etcd(etcd_client, iid) == "http://127.0.0.1:8001"
 

@@ -17,6 +17,10 @@ from typing import Any, Literal
 import aiohttp
 
 
+# One watch response is one JSON line; a burst of large transactions can make it big.
+_MAX_WATCH_LINE = 64 * 1024 * 1024
+
+
 class EtcdError(Exception):
     """etcd failed or could not be reached. `unavailable` is True for connection-level failures."""
 
@@ -256,7 +260,7 @@ class EtcdClient:
             async with self._http().post(url, json=body, timeout=timeout) as resp:
                 if resp.status != 200:
                     raise EtcdError(_error_text(await resp.read(), resp.status), status=resp.status)
-                async for line in resp.content:
+                while line := await resp.content.readline(max_line_length=_MAX_WATCH_LINE):
                     if not line.strip():
                         continue
                     result = json.loads(line).get("result", {})
