@@ -96,8 +96,25 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
+_SIMPLE_URL_RE = re.compile(
+    r"^(?P<scheme>[a-z]+)://(?P<host>(?:\d{1,3}\.){3}\d{1,3}|[a-z0-9]([a-z0-9.-]{0,251}[a-z0-9])?):(?P<port>\d{1,5})/?$"
+)
+
+
 def parse_upstream_url(value: str, schemes: tuple[str, ...]) -> tuple[str, str, int]:
     """Split a server URL into (scheme, host, port); raise ValueError naming what is wrong."""
+    simple = _SIMPLE_URL_RE.match(value)
+    if simple and simple["scheme"] in schemes and 0 < int(simple["port"]) < 65536:
+        # The common case (scheme://ipv4-or-name:port), checked without urlsplit.
+        host = simple["host"]
+        if host[0].isdigit() and host.replace(".", "").isdigit():
+            try:
+                ipaddress.ip_address(host)
+            except ValueError:
+                raise ValueError(f"{host} is not a valid IP address") from None
+        else:
+            _hostname(host)
+        return simple["scheme"], host, int(simple["port"])
     if any(c in value for c in "`\"'(),|\\ \t\r\n"):
         raise ValueError("must not contain quotes, backticks, parentheses, '|', ',' or whitespace")
     parts = urlsplit(value)

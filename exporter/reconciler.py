@@ -30,6 +30,8 @@ from .write import metrics
 from .write.writer import Writer
 
 _MAX_CONFLICT_RETRIES = 8
+# Ingresses planned per step of a large batch; later steps are planned while earlier ones commit.
+_PIPELINE_CHUNK = 256
 _BACKOFF_MAX = 5.0
 
 
@@ -331,29 +333,49 @@ class Reconciler:
             self._inflight = []
 
     async def _write_batch(self, intents: list[Intent], dirty: dict[Owner, str]) -> None:
-        owners = set(dirty) | {i.owner for i in intents}
+        by_owner: dict[Owner, list[Intent]] = {}
+        for intent in intents:
+            by_owner.setdefault(intent.owner, []).append(intent)
+        # Owners in request order (a request's ingresses stay together), then the dirty ones.
+        owners = list(dict.fromkeys([i.owner for i in intents] + list(dirty)))
         for attempt in range(_MAX_CONFLICT_RETRIES):
-            view = {o: r for o in owners if (r := self.desired(o)) is not None}
-            plan = self.planner.plan(view, self.observed, owners, self.ejected)
-            by_owner: dict[Owner, list[Intent]] = {}
-            for intent in intents:
-                by_owner.setdefault(intent.owner, []).append(intent)
-            for owner, error in self.planner.errors.items():
-                for intent in by_owner.pop(owner, []) if owner in owners else []:
-                    self._drop_pending(intent)
-                    intent.future.set_exception(ExporterError(error))
-            conflicted = await self._apply(plan, by_owner, dirty)
+            conflicted = await self._plan_and_apply(owners, by_owner, dirty)
             if not conflicted:
                 return
             await self._refresh(conflicted)
-            intents = [i for i in intents if not i.future.done()]
-            owners = {u.owner for u in conflicted if u.owner is not None}
+            owners = list(dict.fromkeys(u.owner for u in conflicted if u.owner is not None))
+            by_owner = {o: [i for i in by_owner.get(o, []) if not i.future.done()] for o in owners}
             logger.info("re-planning {} ingresses after a compare failed (attempt {})", len(owners), attempt + 1)
         for intent in intents:
             if not intent.future.done():
                 self._drop_pending(intent)
                 intent.future.set_exception(EtcdUnavailable("etcd kept changing under the exporter; retry"))
         self._dirty.update({o: "conflict" for o in owners})
+
+    async def _plan_and_apply(
+        self, owners: list[Owner], by_owner: dict[Owner, list[Intent]], dirty: dict[Owner, str]
+    ) -> list[UnitPlan]:
+        """Plan and write in chunks, so the next chunk is planned while earlier ones are in flight."""
+        applying: list[asyncio.Task[list[UnitPlan]]] = []
+        for start in range(0, len(owners), _PIPELINE_CHUNK):
+            chunk = owners[start : start + _PIPELINE_CHUNK]
+            view = {o: r for o in chunk if (r := self.desired(o)) is not None}
+            plan = self.planner.plan(view, self.observed, chunk, self.ejected, include_roots=start == 0)
+            chunk_intents = {o: by_owner[o] for o in chunk if o in by_owner}
+            for owner in chunk:
+                error = self.planner.errors.get(owner)
+                for intent in chunk_intents.pop(owner, []) if error else []:
+                    self._drop_pending(intent)
+                    intent.future.set_exception(ExporterError(error or ""))
+            applying.append(asyncio.create_task(self._apply(plan, chunk_intents, dirty)))
+            await asyncio.sleep(0)  # let replies of transactions in flight be handled
+        results = await asyncio.gather(*applying, return_exceptions=True)
+        conflicted: list[UnitPlan] = []
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
+            conflicted.extend(result)
+        return conflicted
 
     async def _apply(
         self, plan: Plan, by_owner: dict[Owner, list[Intent]], reasons: dict[Owner, str]
@@ -462,6 +484,8 @@ class Reconciler:
                 async for events in self.etcd.watch_prefix(prefix, start, idle_timeout=max(60.0, self._interval * 2)):
                     self._on_events(events)
                     last = max(last, *(e.mod_revision for e in events))
+                    if len(self._writer.own_revisions) > 100_000:
+                        self._writer.own_revisions = {r for r in self._writer.own_revisions if r > last}
                     backoff = 0.1
             except WatchCanceled as exc:
                 logger.warning("watch on {} canceled at compacted revision {}: re-listing", prefix, exc.compact_revision)
@@ -473,22 +497,25 @@ class Reconciler:
 
     def _on_events(self, events: list[WatchEvent]) -> None:
         changed: set[Owner] = set()
+        own = self._writer.own_revisions
         for event in events:
-            seen = self.observed.keys.get(event.key)
-            if event.mod_revision <= self.observed.revision:
-                continue
+            if event.mod_revision <= self.observed.revision or event.mod_revision in own:
+                continue  # already known, or written by us (a txn is one revision)
+            key = event.key
+            seen = self.observed.keys.get(key)
             if seen is not None and seen[1] >= event.mod_revision:
                 continue  # our own write, already applied
-            if seen is None and event.value is None:
+            if seen is None and event.deleted:
                 continue
-            self.observed.set(event.key, event.value, event.mod_revision)
-            if self._writer.inflight.get(event.key, "\x00") == event.value:
+            value = event.value
+            self.observed.set(key, value, event.mod_revision)
+            if self._writer.inflight.get(key, "\x00") == value:
                 continue  # our own transaction, seen before its reply
-            if event.key.startswith(self.records_prefix + "/"):
-                owner = self._adopt_record(event.key, event.value)
+            if key.startswith(self.records_prefix + "/"):
+                owner = self._adopt_record(key, value)
             else:
-                logger.warning("key {} changed by another writer at revision {}", event.key, event.mod_revision)
-                owner = self.observed.owner_of_key(event.key)
+                logger.warning("key {} changed by another writer at revision {}", key, event.mod_revision)
+                owner = self.observed.owner_of_key(key)
             if owner is not None:
                 changed.add(owner)
         if changed:

@@ -118,13 +118,25 @@ class TxnResult:
     revision: int
 
 
-@dataclass(slots=True)
 class WatchEvent:
-    """One key change seen by a watch; `value` is None for a delete."""
+    """One key change seen by a watch; key and value are decoded only when asked for."""
 
-    key: str
-    value: str | None
-    mod_revision: int
+    __slots__ = ("_kv", "mod_revision", "deleted")
+
+    def __init__(self, kv: dict[str, Any], mod_revision: int, deleted: bool) -> None:
+        self._kv = kv
+        self.mod_revision = mod_revision
+        self.deleted = deleted
+
+    @property
+    def key(self) -> str:
+        """The key that changed."""
+        return _unb64(self._kv["key"])
+
+    @property
+    def value(self) -> str | None:
+        """The new value, or None for a delete."""
+        return None if self.deleted else _unb64(self._kv.get("value"))
 
 
 @dataclass
@@ -268,11 +280,7 @@ class EtcdClient:
                         compact = int(result.get("compact_revision", 0))
                         raise WatchCanceled(result.get("cancel_reason", "watch canceled"), compact)
                     events = [
-                        WatchEvent(
-                            key=_unb64(ev["kv"]["key"]),
-                            value=None if ev.get("type") == "DELETE" else _unb64(ev["kv"].get("value")),
-                            mod_revision=int(ev["kv"].get("mod_revision", result["header"]["revision"])),
-                        )
+                        WatchEvent(ev["kv"], int(ev["kv"].get("mod_revision", 0)), ev.get("type") == "DELETE")
                         for ev in result.get("events") or []
                     ]
                     if events:

@@ -10,7 +10,9 @@ from collections import defaultdict
 from collections.abc import Iterable
 
 from ..etcd.client import KeyValue
-from .ownership import object_of, owner_of_object
+from .ownership import owner_of_object
+
+_KINDS = frozenset({"http", "tcp", "udp"})
 
 
 class Observed:
@@ -28,37 +30,43 @@ class Observed:
         self._owners: dict[tuple[str, str], set[str]] = defaultdict(set)
         self.revision = 0
 
-    def _root_of(self, key: str) -> str | None:
+    def _object_of(self, key: str) -> str | None:
         if not key.startswith(self.roots_prefix):
             return None
-        parts = key.split("/", self._root_depth)
-        return "/".join(parts[: self._root_depth]) if len(parts) > self._root_depth else None
+        depth = self._root_depth
+        parts = key.split("/", depth + 3)
+        if len(parts) < depth + 4 or parts[depth] not in _KINDS or not parts[depth + 2]:
+            return None
+        return "/".join(parts[: depth + 3])
 
     def set(self, key: str, value: str | None, mod_revision: int) -> None:
         """Record a put (value) or delete (None) seen at `mod_revision`."""
-        obj = None
-        root = self._root_of(key)
-        if root is not None:
-            obj = object_of(root, key)
-        if value is None:
-            if self.keys.pop(key, None) is not None and obj is not None:
-                members = self._objects.get(obj)
-                if members is not None:
-                    members.discard(key)
-                    if not members:
-                        del self._objects[obj]
-                        owner = owner_of_object(obj)
-                        if owner is not None:
-                            self._owners[owner].discard(obj)
-                            if not self._owners[owner]:
-                                del self._owners[owner]
+        if value is not None:
+            known = key in self.keys
+            self.keys[key] = (value, mod_revision)
+            if known:
+                return  # already indexed
+            obj = self._object_of(key)
+            if obj is not None:
+                self._objects[obj].add(key)
+                owner = owner_of_object(obj)
+                if owner is not None:
+                    self._owners[owner].add(obj)
             return
-        self.keys[key] = (value, mod_revision)
-        if obj is not None:
-            self._objects[obj].add(key)
+        if self.keys.pop(key, None) is None:
+            return
+        obj = self._object_of(key)
+        members = self._objects.get(obj) if obj is not None else None
+        if members is None or obj is None:
+            return
+        members.discard(key)
+        if not members:
+            del self._objects[obj]
             owner = owner_of_object(obj)
             if owner is not None:
-                self._owners[owner].add(obj)
+                self._owners[owner].discard(obj)
+                if not self._owners[owner]:
+                    del self._owners[owner]
 
     def load(self, kvs: Iterable[tuple[str, str, int]], revision: int) -> None:
         """Replace everything with a full read taken at `revision`."""
@@ -78,8 +86,7 @@ class Observed:
 
     def owner_of_key(self, key: str) -> tuple[str, str] | None:
         """The (authority, id) an object key under a root is named for."""
-        root = self._root_of(key)
-        obj = object_of(root, key) if root else None
+        obj = self._object_of(key)
         return owner_of_object(obj) if obj else None
 
     def objects_of(self, owner: tuple[str, str], root: str) -> dict[str, dict[str, tuple[str, int]]]:

@@ -33,17 +33,21 @@ class Planner:
         observed: Observed,
         owners: Iterable[Owner] | None = None,
         ejected: Callable[[Owner], frozenset[str]] = NO_EJECTIONS,
+        include_roots: bool = True,
     ) -> Plan:
-        """Plan `owners` (every known ingress when None, plus root keys and foreign-key report)."""
+        """Plan `owners` (every known ingress when None, with the foreign-key report).
+
+        The root keys of the roots involved are planned too, unless `include_roots` is False.
+        """
         full = owners is None
-        observed_records = observed.records()
+        observed_records = observed.records() if full else {}
         if owners is None:
             owners = set(desired) | {_owner_of_record(k, self.records_prefix) for k in observed_records}
         else:
             owners = set(owners)
         plan = Plan()
         roots = {self.renderer.root_for(owner[0]) for owner in (desired if full else owners) if owner in desired}
-        for root in sorted(roots):
+        for root in sorted(roots) if include_roots else ():
             unit = self._plan_root(root, observed)
             if unit is not None:
                 plan.units.append(unit)

@@ -7,48 +7,60 @@ and middlewares. Fields left unset are not written at all.
 
 from __future__ import annotations
 
-from functools import cache
 from typing import Any
 
 from annotated_types import MaxLen
 from pydantic import BaseModel
 
+from . import traefik_schema
 
-@cache
-def _list_widths(model: type[BaseModel]) -> dict[str, int]:
+
+def _list_widths() -> dict[str, int]:
+    # Width of each list field's indices, by field name, from the schema's `max_length`s.
     widths: dict[str, int] = {}
-    for name, info in model.model_fields.items():
-        for meta in info.metadata:
-            if isinstance(meta, MaxLen):
-                widths[name] = len(str(max(meta.max_length - 1, 0)))
+    for model in vars(traefik_schema).values():
+        if isinstance(model, type) and issubclass(model, BaseModel) and model is not BaseModel:
+            for name, info in model.model_fields.items():
+                for meta in info.metadata:
+                    if isinstance(meta, MaxLen):
+                        width = len(str(max(meta.max_length - 1, 0)))
+                        widths[name] = max(widths.get(name, 1), width)
     return widths
 
 
+_WIDTHS = _list_widths()
+
+
+def _walk(value: Any, prefix: str, out: dict[str, str]) -> None:
+    for name, child in value.items():
+        key = f"{prefix}/{name}"
+        if isinstance(child, dict):
+            _walk(child, key, out)
+        elif isinstance(child, list):
+            width = _WIDTHS.get(name, 1)
+            for index, item in enumerate(child):
+                item_key = f"{key}/{index:0{width}d}"
+                if isinstance(item, dict):
+                    _walk(item, item_key, out)
+                else:
+                    out[item_key] = _scalar(item)
+        else:
+            out[key] = _scalar(child)
+
+
 def _scalar(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
+    if value is True:
+        return "true"
+    if value is False:
+        return "false"
     return str(value)
 
 
-def _walk(value: Any, prefix: str, width: int, out: dict[str, str]) -> None:
-    if isinstance(value, BaseModel):
-        widths = _list_widths(type(value))
-        for name in type(value).model_fields:
-            child = getattr(value, name)
-            if child is not None:
-                _walk(child, f"{prefix}/{name}", widths.get(name, 1), out)
-    elif isinstance(value, dict):
-        for name, child in value.items():
-            _walk(child, f"{prefix}/{name}", 1, out)
-    elif isinstance(value, list):
-        for index, child in enumerate(value):
-            _walk(child, f"{prefix}/{index:0{width}d}", 1, out)
-    else:
-        out[prefix] = _scalar(value)
+def flatten(obj: BaseModel | dict[str, Any], root: str) -> dict[str, str]:
+    """Every leaf of `obj` (unset fields left out) as `{"<root>/<path>": "<value>"}`.
 
-
-def flatten(obj: BaseModel, root: str) -> dict[str, str]:
-    """Every leaf of `obj` as `{"<root>/<path>": "<value>"}`."""
+    `obj` is a validated model, or its `model_dump(exclude_none=True)`.
+    """
     out: dict[str, str] = {}
-    _walk(obj, root, 1, out)
+    _walk(obj if isinstance(obj, dict) else obj.model_dump(exclude_none=True), root, out)
     return out

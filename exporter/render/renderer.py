@@ -13,9 +13,8 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
-from jinja2 import ChoiceLoader, FileSystemLoader, StrictUndefined, TemplateError as JinjaError
+from jinja2 import ChoiceLoader, FileSystemLoader, StrictUndefined, Template, TemplateError as JinjaError
 from jinja2.sandbox import SandboxedEnvironment
 from pydantic import ValidationError
 
@@ -45,13 +44,15 @@ def object_name(authority: str, ingress_id: str) -> str:
 
 def _group(upstream: ServersUpstream | AiProxyMultiUpstream, ejected: frozenset[str]) -> dict[str, Any]:
     if isinstance(upstream, ServersUpstream):
-        servers = []
-        for server in upstream.servers:
-            if server.url in ejected:
-                continue
-            parts = urlsplit(server.url)
-            servers.append({"url": server.url, "weight": server.weight, "address": parts.netloc})
-        return {"kind": "servers", "servers": servers}
+        servers = [s for s in upstream.servers if s.url not in ejected]
+        return {
+            "kind": "servers",
+            "servers": [{"url": s.url, "weight": s.weight} for s in servers],
+            # Ready-made Traefik server lists, so templates need no loop (rendering is the hot path).
+            "lb_servers": [{"url": s.url, "weight": s.weight} for s in servers],
+            # tcp://host:port -> host:port (the URL was validated: no path or credentials)
+            "tcp_servers": [{"address": s.url.partition("://")[2].rstrip("/")} for s in servers],
+        }
     instances = [
         {"name": i.name, "url": i.url, "weight": i.weight} for i in upstream.instances if i.url not in ejected
     ]
@@ -65,12 +66,17 @@ class Renderer:
         loaders = [FileSystemLoader(str(template_dir))] if template_dir else []
         loaders.append(FileSystemLoader(str(BUILTIN_TEMPLATES)))
         self._env = SandboxedEnvironment(
-            loader=ChoiceLoader(loaders), undefined=StrictUndefined, autoescape=False, keep_trailing_newline=True
+            loader=ChoiceLoader(loaders),
+            undefined=StrictUndefined,
+            autoescape=False,
+            keep_trailing_newline=True,
+            auto_reload=False,  # no stat() per render; a template change builds a new Renderer
         )
         self._env.globals.update(http_rule=http_rule, tcp_rule=tcp_rule)
         self._env.filters["json"] = json.dumps
         self._root_key = root_key
         self._default_entrypoints = list(default_entrypoints)
+        self._templates: dict[str, Template] = {}
         self._cache: OrderedDict[tuple[str, frozenset[str]], RenderedIngress] = OrderedDict()
 
     def root_for(self, authority: str) -> str:
@@ -97,29 +103,47 @@ class Renderer:
     def _render(self, ingress: Ingress, ejected: frozenset[str]) -> RenderedIngress:
         template_name = f"{ingress.protocol}.json.j2"
         name = object_name(ingress.authority, ingress.id)
+        primary = _group(ingress.upstream, ejected)
+        canary = _group(ingress.canary.upstream, ejected) if ingress.canary else None
+        if canary is None:
+            primary["service"] = name
+            groups = [primary]
+        else:
+            primary["service"], canary["service"] = f"{name}_primary", f"{name}_canary"
+            groups = [primary, canary]
         context = {
             "ingress": ingress.model_dump(mode="json"),
             "name": name,
+            "rule": http_rule(ingress.hosts, ingress.path_prefix) if ingress.protocol == "http" else tcp_rule(ingress.hosts),
             "entrypoints": ingress.entrypoints or self._default_entrypoints,
-            "primary": _group(ingress.upstream, ejected),
-            "canary": _group(ingress.canary.upstream, ejected) if ingress.canary else None,
+            "primary": primary,
+            "canary": canary,
+            "groups": groups,
         }
         try:
-            text = self._env.get_template(template_name).render(context)
-            data = json.loads(text)
-        except (JinjaError, ValueError) as exc:
+            template = self._templates.get(template_name)
+            if template is None:
+                template = self._templates[template_name] = self._env.get_template(template_name)
+            text = template.render(context)
+        except JinjaError as exc:
             raise TemplateError(
                 f"template {template_name} failed for {ingress.authority}/{ingress.id}: {exc}",
                 {"template": template_name},
             ) from None
         try:
-            fragment = Fragment.model_validate(data or {})
+            fragment = Fragment.model_validate_json(text)
         except ValidationError as exc:
+            if any(e["type"] == "json_invalid" for e in exc.errors()):
+                raise TemplateError(
+                    f"template {template_name} rendered invalid JSON for {ingress.authority}/{ingress.id}",
+                    {"template": template_name},
+                ) from None
             raise TemplateError(
                 f"template {template_name} rendered invalid Traefik config for {ingress.authority}/{ingress.id}",
                 {"template": template_name, "errors": field_errors(exc)},
             ) from None
-        objects = _objects(fragment)
+        data = fragment.model_dump(exclude_none=True)
+        objects = [f"{proto}/{kind}/{obj}" for proto, section in data.items() for kind, objs in section.items() for obj in objs]
         for path in objects:
             obj = path.rsplit("/", 1)[1]
             if obj != name and not obj.startswith(name + "_"):
@@ -128,16 +152,5 @@ class Renderer:
                     {"template": template_name},
                 )
         root = self.root_for(ingress.authority)
-        return RenderedIngress(root=root, objects=tuple(objects), kv=flatten(fragment, root))
+        return RenderedIngress(root=root, objects=tuple(objects), kv=flatten(data, root))
 
-
-def _objects(fragment: Fragment) -> list[str]:
-    paths = []
-    for proto in ("http", "tcp"):
-        section = getattr(fragment, proto)
-        if section is None:
-            continue
-        for kind in type(section).model_fields:
-            for obj in getattr(section, kind) or {}:
-                paths.append(f"{proto}/{kind}/{obj}")
-    return paths

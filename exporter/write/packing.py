@@ -53,18 +53,20 @@ def pack(groups: Sequence[Sequence[UnitPlan]], max_ops: int, max_bytes: int) -> 
         )
 
     for group in groups:
-        whole = [u for u in group if fits(Txn(), len(u.changes), len(u.compares), _size(u.changes))]
+        whole: list[tuple[UnitPlan, int]] = []
         for unit in group:
-            if unit not in whole:
+            size = _size(unit.changes)
+            if fits(Txn(), len(unit.changes), len(unit.compares), size):
+                whole.append((unit, size))
+            else:
                 split.append(_split(unit, max_ops, max_bytes))
-        g_ops = sum(len(u.changes) for u in whole)
-        g_cmp = sum(len(u.compares) for u in whole)
-        g_size = sum(_size(u.changes) for u in whole)
+        g_ops = sum(len(u.changes) for u, _ in whole)
+        g_cmp = sum(len(u.compares) for u, _ in whole)
+        g_size = sum(size for _, size in whole)
         if current.units and not fits(current, g_ops, g_cmp, g_size):
             txns.append(current)
             current = Txn()
-        for unit in whole:
-            size = _size(unit.changes)
+        for unit, size in whole:
             if current.units and not fits(current, len(unit.changes), len(unit.compares), size):
                 txns.append(current)
                 current = Txn()

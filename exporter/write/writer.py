@@ -46,6 +46,8 @@ class Writer:
         self._in_flight = asyncio.Semaphore(max_in_flight)
         # Values being written right now: the watch can report them before the txn reply arrives.
         self.inflight: dict[str, str | None] = {}
+        # Revisions our own transactions created: their watch events need no decoding.
+        self.own_revisions: set[int] = set()
 
     async def apply(self, groups: Sequence[Sequence[UnitPlan]], fence: Sequence[Compare] = ()) -> ApplyResult:
         """Commit every unit of `groups`; a group (one request) shares a transaction when it fits."""
@@ -68,6 +70,7 @@ class Writer:
                     self.inflight.pop(change.key, None)
         metrics.TXNS.labels("committed" if reply.succeeded else "conflict").inc()
         if reply.succeeded:
+            self.own_revisions.add(reply.revision)
             metrics.KEYS_WRITTEN.inc(len(txn.changes))
             for change in txn.changes:
                 self._observed.set(change.key, change.new, reply.revision)

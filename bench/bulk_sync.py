@@ -1,0 +1,142 @@
+"""Writer benchmarks (issue 3), printed as ratios against raw etcd writes measured in the same run.
+
+1. Bulk sync of N ingresses into an empty etcd, versus writing the very same keys with bare
+   128-op transactions (same number in flight). Target: <= 1.3x.
+2. Latency to commit one ingress change with 10 versus N ingresses in place. Target: <= 1.5x.
+3. RSS of a daemon process holding N ingresses (from ingress files). Target: <= 200 MB.
+
+Usage: .venv/bin/python bench/bulk_sync.py [--ingresses 10000] [--runs 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.common import exporter_keys, fresh_etcd, make_records, median, raw_write  # noqa: E402
+from exporter.config import Settings  # noqa: E402
+from exporter.daemon import build_reconciler  # noqa: E402
+from exporter.embedded import free_port  # noqa: E402
+from exporter.etcd.client import EtcdClient  # noqa: E402
+from loguru import logger  # noqa: E402
+
+IN_FLIGHT = 8
+
+
+def _settings(url: str) -> Settings:
+    return Settings.model_validate({"etcd": {"endpoints": [url]}, "writer": {"max_in_flight": IN_FLIGHT, "coalesce_window": 0.005}})
+
+
+async def exporter_bulk(n: int) -> float:
+    records = make_records(n)
+    with fresh_etcd() as etcd:
+        async with EtcdClient([etcd.url]) as client:
+            rec = build_reconciler(_settings(etcd.url), client)
+            await rec.start()
+            await rec.wait_synced(30)
+            started = time.perf_counter()
+            # As ingress files or pushes would: requests of at most 1,000 ingresses.
+            await asyncio.gather(*(rec.submit(records[i : i + 1000]) for i in range(0, n, 1000)))
+            elapsed = time.perf_counter() - started
+            await rec.stop()
+            return elapsed
+
+
+async def raw_bulk(n: int) -> tuple[float, int]:
+    kvs = exporter_keys(make_records(n))
+    with fresh_etcd() as etcd:
+        return await raw_write(etcd.url, kvs, IN_FLIGHT), len(kvs)
+
+
+async def change_latency(in_place: int, samples: int = 30) -> float:
+    records = make_records(in_place)
+    with fresh_etcd() as etcd:
+        async with EtcdClient([etcd.url]) as client:
+            rec = build_reconciler(_settings(etcd.url), client)
+            await rec.start()
+            await rec.wait_synced(30)
+            await asyncio.gather(*(rec.submit(records[i : i + 1000]) for i in range(0, in_place, 1000)))
+            latencies = []
+            for s in range(samples):
+                changed = make_records(1, revision=2 + s, port=9000 + s)[0]
+                started = time.perf_counter()
+                await rec.submit([changed])
+                latencies.append(time.perf_counter() - started)
+            await rec.stop()
+            return median(latencies)
+
+
+def daemon_rss(n: int) -> float:
+    """MB resident in a daemon process holding `n` ingresses loaded from files."""
+    with fresh_etcd() as etcd, tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        (work / "ingresses").mkdir()
+        records = make_records(n)
+        for start in range(0, n, 1000):
+            body = ["ingresses:"] + [
+                "  - " + r.ingress.model_dump_json(exclude_defaults=True, exclude={"protocol"}) for r in records[start : start + 1000]
+            ]
+            (work / "ingresses" / f"{start}.yaml").write_text("\n".join(body) + "\n")
+        control = f"127.0.0.1:{free_port()}"
+        (work / "exporter.yaml").write_text(
+            f'etcd: {{endpoints: ["{etcd.url}"]}}\nsources: {{files: ["ingresses/*.yaml"]}}\ncontrol: {{listen: "{control}"}}\n'
+        )
+        proc = subprocess.Popen([sys.executable, "-m", "exporter", "run", "--config", str(work / "exporter.yaml")],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            import urllib.request
+
+            deadline = time.monotonic() + 300
+            while time.monotonic() < deadline:
+                try:
+                    with urllib.request.urlopen(f"http://{control}/readyz", timeout=2) as resp:
+                        if resp.status == 200:
+                            break
+                except OSError:
+                    time.sleep(0.2)
+            for line in Path(f"/proc/{proc.pid}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024
+            return float("nan")
+        finally:
+            proc.terminate()
+            proc.wait(30)
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--ingresses", type=int, default=10_000)
+    parser.add_argument("--runs", type=int, default=3)
+    args = parser.parse_args()
+    logger.remove()
+    n = args.ingresses
+
+    exp, raw = [], []
+    keys = 0
+    for _ in range(args.runs):
+        exp.append(await exporter_bulk(n))
+        seconds, keys = await raw_bulk(n)
+        raw.append(seconds)
+    print(f"bulk sync of {n} ingresses ({keys} keys incl. records), {IN_FLIGHT} txns in flight, median of {args.runs}:")
+    print(f"  exporter {median(exp):.2f}s   raw 128-op txns {median(raw):.2f}s   ratio {median(exp) / median(raw):.2f} (target <= 1.3)")
+
+    small = median([await change_latency(10) for _ in range(args.runs)])
+    large = median([await change_latency(n) for _ in range(args.runs)])
+    print(f"one-ingress change to commit, median: with 10 in place {small * 1000:.1f} ms, with {n} {large * 1000:.1f} ms, "
+          f"ratio {large / small:.2f} (target <= 1.5)")
+
+    rss = daemon_rss(n)
+    print(f"daemon RSS holding {n} ingresses: {rss:.0f} MB (target <= 200)")
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONHASHSEED", "0")
+    asyncio.run(main())

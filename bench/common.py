@@ -1,0 +1,112 @@
+"""Shared pieces of the benchmarks: a fresh etcd per measurement, ingress generators, raw writers."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import statistics
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+import aiohttp
+
+from exporter.embedded import EmbeddedEtcd, start_etcd
+from exporter.ingress import Ingress
+from exporter.plan.observed import Observed
+from exporter.plan.planner import Planner
+from exporter.render.renderer import Renderer
+from exporter.render.root_keys import generate_certificate
+from exporter.store.records import Record
+
+ROOT_KEY = "traefik/worker_{authority}"
+RECORDS = "traefik-etcd-exporter/records"
+
+
+@contextmanager
+def fresh_etcd() -> Iterator[EmbeddedEtcd]:
+    """A new etcd (empty history) on free loopback ports, removed afterwards."""
+    with tempfile.TemporaryDirectory(prefix="bench-etcd-") as tmp:
+        etcd = start_etcd(Path(tmp))
+        try:
+            yield etcd
+        finally:
+            etcd.stop()
+
+
+def make_records(n: int, authority: str = "bench", revision: int = 1, port: int = 8000) -> list[Record]:
+    """`n` typical ingresses: one host, two servers."""
+    return [
+        Record.of(
+            Ingress.model_validate(
+                {
+                    "authority": authority,
+                    "id": f"i{i}",
+                    "revision": revision,
+                    "hosts": [f"i{i}.example.test"],
+                    "upstream": {"servers": [{"url": f"http://10.0.{i // 250}.{i % 250}:{port}"}, {"url": f"http://10.1.{i // 250}.{i % 250}:{port}"}]},
+                }
+            )
+        )
+        for i in range(n)
+    ]
+
+
+def exporter_keys(records: list[Record]) -> list[tuple[str, str]]:
+    """Exactly the keys and values the exporter writes for `records` into an empty etcd."""
+    planner = Planner(Renderer(ROOT_KEY, ["web"]), RECORDS, generate_certificate())
+    plan = planner.plan({r.key: r for r in records}, Observed(ROOT_KEY, RECORDS))
+    return [(c.key, c.new or "") for c in plan.changes()]
+
+
+def _b64(text: str) -> str:
+    return base64.b64encode(text.encode()).decode()
+
+
+async def raw_write(url: str, kvs: list[tuple[str, str]], in_flight: int, ops: int = 128) -> float:
+    """Seconds to put `kvs` with bare `ops`-put transactions, `in_flight` at once (no compares)."""
+    bodies = [
+        {"success": [{"request_put": {"key": _b64(k), "value": _b64(v)}} for k, v in kvs[i : i + ops]]}
+        for i in range(0, len(kvs), ops)
+    ]
+    sem = asyncio.Semaphore(in_flight)
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=64)) as session:
+
+        async def one(body: dict) -> None:  # type: ignore[type-arg]
+            async with sem:
+                async with session.post(f"{url}/v3/kv/txn", json=body) as resp:
+                    resp.raise_for_status()
+                    await resp.read()
+
+        started = time.perf_counter()
+        await asyncio.gather(*(one(b) for b in bodies))
+        return time.perf_counter() - started
+
+
+async def txn_round_trip(url: str, samples: int = 50) -> list[float]:
+    """Latencies of single one-put txns (the floor of any commit)."""
+    out = []
+    async with aiohttp.ClientSession() as session:
+        for i in range(samples):
+            body = {"success": [{"request_put": {"key": _b64(f"bench-rtt/{i}"), "value": _b64("x")}}]}
+            started = time.perf_counter()
+            async with session.post(f"{url}/v3/kv/txn", json=body) as resp:
+                await resp.read()
+            out.append(time.perf_counter() - started)
+    return out
+
+
+def median(values: list[float]) -> float:
+    return statistics.median(values)
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+async def runs(n: int, measure: Callable[[], Awaitable[float]]) -> list[float]:
+    return [await measure() for _ in range(n)]
