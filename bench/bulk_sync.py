@@ -88,6 +88,7 @@ def daemon_rss(n: int) -> float:
         control = f"127.0.0.1:{free_port()}"
         (work / "exporter.yaml").write_text(
             f'etcd: {{endpoints: ["{etcd.url}"]}}\nsources: {{files: ["ingresses/*.yaml"]}}\ncontrol: {{listen: "{control}"}}\n'
+            "api: {enabled: false}\n"
         )
         proc = subprocess.Popen([sys.executable, "-m", "exporter", "run", "--config", str(work / "exporter.yaml")],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

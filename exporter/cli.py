@@ -109,6 +109,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_config_reference(_args: argparse.Namespace) -> int:
+    """Print the configuration reference (docs/configuration.md)."""
+    from .config import reference_markdown
+
+    sys.stdout.write(reference_markdown())
+    return EXIT_OK
+
+
 def parser() -> argparse.ArgumentParser:
     """The argument parser."""
     p = argparse.ArgumentParser(prog="traefik-etcd-exporter", description=__doc__)
@@ -128,6 +136,8 @@ def parser() -> argparse.ArgumentParser:
     render.add_argument("--config", "-c", help="exporter.yaml")
     render.add_argument("files", nargs="*", help="ingress files (in addition to the config's sources)")
     render.set_defaults(func=cmd_render)
+    reference = sub.add_parser("config-reference", help="print the configuration reference as Markdown")
+    reference.set_defaults(func=cmd_config_reference)
     return p
 
 

@@ -15,8 +15,8 @@ from pydantic_settings import (
     YamlConfigSettingsSource,
 )
 
-_ENTRYPOINT_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
-_LISTEN_RE = re.compile(r"^[^\s:]+:\d{1,5}$")
+_ENTRYPOINT_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}\Z")
+_LISTEN_RE = re.compile(r"^[^\s:]+:\d{1,5}\Z")
 # The YAML file of the Settings being built (settings_customise_sources is a classmethod).
 _CONFIG_FILE: ContextVar[Path | None] = ContextVar("_CONFIG_FILE", default=None)
 
@@ -28,7 +28,9 @@ class _Section(BaseModel):
 class EtcdSettings(_Section):
     """How to reach etcd (through its v3 JSON gateway)."""
 
-    endpoints: list[str] = Field(default=["http://127.0.0.1:2379"], min_length=1)
+    endpoints: list[str] = Field(
+        default=["http://127.0.0.1:2379"], min_length=1, description="etcd client URLs (v3 JSON gateway), tried in order"
+    )
     timeout: float = Field(default=5.0, gt=0, description="seconds per etcd request")
     max_txn_ops: int = Field(default=128, ge=8, description="etcd --max-txn-ops")
     max_request_bytes: int = Field(
@@ -41,7 +43,7 @@ class EtcdSettings(_Section):
     def _urls(cls, value: list[str]) -> list[str]:
         out = []
         for url in value:
-            if not re.match(r"^https?://[^/\s]+$", url.rstrip("/")):
+            if not re.match(r"^https?://[^/\s]+\Z", url.rstrip("/")):
                 raise ValueError(f"endpoint {url!r} must look like http://host:port")
             out.append(url.rstrip("/"))
         return out
@@ -50,23 +52,28 @@ class EtcdSettings(_Section):
 class SourcesSettings(_Section):
     """Where desired ingresses come from besides the push API."""
 
-    files: list[str] = Field(default_factory=list, description="globs of ingress YAML files, hot-reloaded")
+    files: list[str] = Field(
+        default_factory=list, description="globs of ingress YAML files (relative to the config file), hot-reloaded"
+    )
 
 
 class TemplatesSettings(_Section):
     """Traefik config templates; `dir` overrides the built-in ones file by file."""
 
-    dir: Path | None = None
+    dir: Path | None = Field(default=None, description="directory whose *.json.j2 files override the built-in templates")
 
 
 class ApiSettings(_Section):
     """The coordinator push API."""
 
-    listen: str = "127.0.0.1:8570"
-    token_file: Path | None = None
-    token: SecretStr | None = None
-    max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024)
-    allow_unauthenticated_loopback: bool = False
+    enabled: bool = Field(default=True, description="serve the push API (off: ingress files only)")
+    listen: str = Field(default="127.0.0.1:8570", description="host:port of the push API")
+    token_file: Path | None = Field(default=None, description="file holding the bearer token")
+    token: SecretStr | None = Field(default=None, description="the bearer token itself (use EXPORTER_API__TOKEN)")
+    max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024, description="larger request bodies get 413")
+    allow_unauthenticated_loopback: bool = Field(
+        default=False, description="serve the push API without a token (only on a loopback address)"
+    )
 
     @field_validator("listen")
     @classmethod
@@ -79,7 +86,7 @@ class ApiSettings(_Section):
 class ControlSettings(_Section):
     """The monitoring endpoints (/healthz, /readyz, /metrics, /v1/healthcheck)."""
 
-    listen: str = "127.0.0.1:8571"
+    listen: str = Field(default="127.0.0.1:8571", description="host:port of /healthz, /readyz, /metrics")
 
     @field_validator("listen")
     @classmethod
@@ -100,15 +107,17 @@ class WriterSettings(_Section):
 class TlsSettings(_Section):
     """The default certificate written under every root (generated when unset)."""
 
-    cert_file: Path | None = None
-    key_file: Path | None = None
+    cert_file: Path | None = Field(default=None, description="PEM certificate written as Traefik's default certificate")
+    key_file: Path | None = Field(default=None, description="its PEM private key (both set, or a certificate is generated)")
 
 
 class LogSettings(_Section):
     """Log format and level."""
 
-    format: Literal["auto", "human", "json"] = "auto"
-    level: str = "INFO"
+    format: Literal["auto", "human", "json"] = Field(
+        default="auto", description="auto: human on a TTY, JSON lines otherwise"
+    )
+    level: str = Field(default="INFO", description="DEBUG, INFO, WARNING or ERROR")
 
 
 class Settings(BaseSettings):
@@ -119,9 +128,15 @@ class Settings(BaseSettings):
     )
 
     etcd: EtcdSettings = Field(default_factory=EtcdSettings)
-    root_key: str = "traefik/worker_{authority}"
-    records_prefix: str = "traefik-etcd-exporter/records"
-    default_entrypoints: list[str] = Field(default=["web"], min_length=1, max_length=16)
+    root_key: str = Field(
+        default="traefik/worker_{authority}", description="Traefik rootKey per authority ({authority} placeholder)"
+    )
+    records_prefix: str = Field(
+        default="traefik-etcd-exporter/records", description="where desired ingress records are stored in etcd"
+    )
+    default_entrypoints: list[str] = Field(
+        default=["web"], min_length=1, max_length=16, description="entrypoints of ingresses that name none"
+    )
     sources: SourcesSettings = Field(default_factory=SourcesSettings)
     templates: TemplatesSettings = Field(default_factory=TemplatesSettings)
     api: ApiSettings = Field(default_factory=ApiSettings)
@@ -136,14 +151,14 @@ class Settings(BaseSettings):
         bare = value.replace("{authority}", "")
         if not value or value.startswith("/") or value.endswith("/") or "//" in value:
             raise ValueError("must be a key path without leading, trailing or double '/'")
-        if not re.match(r"^[A-Za-z0-9_./-]+$", bare):
+        if not re.match(r"^[A-Za-z0-9_./-]+\Z", bare):
             raise ValueError("only [A-Za-z0-9_./-] and the placeholder {authority} are allowed")
         return value
 
     @field_validator("records_prefix")
     @classmethod
     def _records_prefix(cls, value: str) -> str:
-        if not re.match(r"^[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)*$", value):
+        if not re.match(r"^[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)*\Z", value):
             raise ValueError("must be a key path of [A-Za-z0-9_.-] segments without leading or trailing '/'")
         return value
 
@@ -228,3 +243,34 @@ def _resolve_paths(settings: Settings, base: Path) -> Settings:
     settings.tls.cert_file = rel(settings.tls.cert_file) or settings.tls.cert_file
     settings.tls.key_file = rel(settings.tls.key_file) or settings.tls.key_file
     return settings
+
+
+def reference_markdown() -> str:
+    """The configuration reference (docs/configuration.md), generated from the models above."""
+    lines = [
+        "# Configuration reference",
+        "",
+        "Generated from `exporter/config.py` by `traefik-etcd-exporter config-reference`; a test",
+        "fails when this file is stale. Every field can be set in `exporter.yaml` or from the",
+        "environment as `EXPORTER_<SECTION>__<FIELD>` (lists and objects as JSON); the environment",
+        "wins. Relative paths are relative to the config file.",
+        "",
+        "| field | env | default | meaning |",
+        "|---|---|---|---|",
+    ]
+
+    def default_of(info: Any) -> str:
+        if info.default_factory is not None:
+            value = info.default_factory()
+            return "" if isinstance(value, BaseModel) else f"`{value!r}`"
+        return f"`{info.default!r}`" if info.default is not None else ""
+
+    for name, info in Settings.model_fields.items():
+        annotation = info.annotation
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            for sub, sub_info in annotation.model_fields.items():
+                env = f"EXPORTER_{name.upper()}__{sub.upper()}"
+                lines.append(f"| `{name}.{sub}` | `{env}` | {default_of(sub_info)} | {sub_info.description or ''} |")
+        else:
+            lines.append(f"| `{name}` | `EXPORTER_{name.upper()}` | {default_of(info)} | {info.description or ''} |")
+    return "\n".join(lines) + "\n"

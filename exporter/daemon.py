@@ -16,6 +16,8 @@ from .plan.planner import Planner
 from .reconciler import Reconciler
 from .render.renderer import Renderer
 from .render.root_keys import load_certificate
+from .errors import ConfigError
+from .sources.api import is_loopback, push_api_app
 from .sources.files import IngressFiles
 
 
@@ -72,10 +74,32 @@ class Daemon:
         reasons += [f"ingress {a}/{i}: {error}" for (a, i), error in sorted(self.reconciler.planner.errors.items())]
         return reasons
 
+    def _push_api(self) -> web.Application | None:
+        api = self.settings.api
+        if not api.enabled:
+            return None
+        token = self.settings.api_token()
+        if token is None:
+            if not (api.allow_unauthenticated_loopback and is_loopback(api.listen)):
+                raise ConfigError(
+                    "api: no token configured (api.token_file or EXPORTER_API__TOKEN); to serve the push API "
+                    "without one, set api.allow_unauthenticated_loopback and a loopback api.listen, "
+                    "or set api.enabled false"
+                )
+            logger.warning("push API on {} accepts requests without a token (loopback only)", api.listen)
+        status = self.reconciler.status
+        return push_api_app(
+            self.reconciler, token=token, max_body_bytes=api.max_body_bytes, ready=lambda: status.synced and status.etcd_ok
+        )
+
     async def start(self) -> None:
-        """Serve the control API, sync with etcd, then apply the sources."""
+        """Serve the control API, sync with etcd, then apply the sources and serve the push API."""
+        push_api = self._push_api()
         self._runners.append(await _serve(control_app(self.readiness), self.settings.control.listen))
         logger.info("control server on http://{}", self.settings.control.listen)
+        if push_api is not None:
+            self._runners.append(await _serve(push_api, self.settings.api.listen))
+            logger.info("push API on http://{}", self.settings.api.listen)
         await self.reconciler.start()
         self._tasks.append(asyncio.create_task(self._sources(), name="sources"))
 

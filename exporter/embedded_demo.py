@@ -81,6 +81,8 @@ async def run_embedded(config: Path | None) -> int:
         settings.etcd.endpoints = [etcd.url]
         settings.sources.files = [str(ingress_dir / "*.yaml")]
         settings.control.listen = f"127.0.0.1:{free_port()}"
+        settings.api.listen = f"127.0.0.1:{free_port()}"
+        settings.api.allow_unauthenticated_loopback = settings.api_token() is None
         daemon = Daemon(settings)
         await daemon.start()
         web_url = traefik.url(settings.default_entrypoints[0])
@@ -90,7 +92,8 @@ async def run_embedded(config: Path | None) -> int:
             f"\nTraefik routes {HOST} through keys the exporter wrote. Try:\n\n"
             f"  curl -H 'Host: {HOST}' {web_url}/\n\n"
             f"Edit {ingress_dir / 'demo.yaml'} (raise `revision`) and it is applied live.\n"
-            f"Traefik API: {traefik.api}/api/http/routers   control: http://{settings.control.listen}/readyz\n"
+            f"Push API: http://{settings.api.listen}/v2/ingress   Traefik API: {traefik.api}/api/http/routers\n"
+            f"control: http://{settings.control.listen}/readyz\n"
             f"etcd: {etcd.url}   logs: {workdir}\nCtrl-C stops everything.\n",
             flush=True,
         )

@@ -33,12 +33,12 @@ MAX_HEADERS = 32
 MAX_INGRESSES_PER_REQUEST = 1000
 MAX_CA_PEM_BYTES = 64 * 1024
 
-_DNS_LABEL_RE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
-_HOST_LABEL_RE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
-_PATH_RE = re.compile(r"^/[A-Za-z0-9._~%+=:@/-]{0,255}$")
-_ENTRYPOINT_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$")
-_HEADER_NAME_RE = re.compile(r"^[A-Za-z0-9!#$%&'*+.^_`|~-]{1,128}$")
-_HEADER_VALUE_RE = re.compile(r"^[\x20-\x7e\t]{0,4096}$")
+_DNS_LABEL_RE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?\Z")
+_HOST_LABEL_RE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?\Z")
+_PATH_RE = re.compile(r"^/[A-Za-z0-9._~%+=:@/-]{0,255}\Z")
+_ENTRYPOINT_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}\Z")
+_HEADER_NAME_RE = re.compile(r"^[A-Za-z0-9!#$%&'*+.^_`|~-]{1,128}\Z")
+_HEADER_VALUE_RE = re.compile(r"^[\x20-\x7e\t]{0,4096}\Z")
 
 
 def _dns_label(value: str) -> str:
@@ -97,7 +97,7 @@ class _Strict(BaseModel):
 
 
 _SIMPLE_URL_RE = re.compile(
-    r"^(?P<scheme>[a-z]+)://(?P<host>(?:\d{1,3}\.){3}\d{1,3}|[a-z0-9]([a-z0-9.-]{0,251}[a-z0-9])?):(?P<port>\d{1,5})/?$"
+    r"^(?P<scheme>[a-z]+)://(?P<host>(?:\d{1,3}\.){3}\d{1,3}|[a-z0-9]([a-z0-9.-]{0,251}[a-z0-9])?):(?P<port>\d{1,5})/?\Z"
 )
 
 

@@ -15,7 +15,7 @@ import pytest
 from exporter.config import Settings
 from exporter.embedded import EmbeddedEtcd, EmbeddedTraefik, start_etcd, start_traefik
 from exporter.etcd.client import EtcdClient
-from exporter.daemon import build_reconciler
+from exporter.daemon import Daemon, build_reconciler
 from exporter.reconciler import Reconciler
 from exporter.store.records import Record
 from tests.helpers import AUTHORITY, Backend
@@ -113,3 +113,26 @@ async def http() -> AsyncIterator[aiohttp.ClientSession]:
     )
     yield session
     await session.close()
+
+
+API_TOKEN = "test-token-7f3a9c"
+API_RECORDS = "apitest/records"
+API_MAX_BODY = 64 * 1024
+
+
+@pytest.fixture(scope="session")
+async def api_daemon(etcd: EmbeddedEtcd, traefik: EmbeddedTraefik) -> AsyncIterator[Daemon]:
+    """A whole daemon in-process: push API (token, 64 KiB body limit) and control server."""
+    from exporter.embedded import free_port
+
+    settings = settings_for(
+        etcd.url,
+        records_prefix=API_RECORDS,
+        api={"listen": f"127.0.0.1:{free_port()}", "token": API_TOKEN, "max_body_bytes": API_MAX_BODY},
+        control={"listen": f"127.0.0.1:{free_port()}"},
+    )
+    daemon = Daemon(settings)
+    await daemon.start()
+    await daemon.reconciler.wait_synced(30)
+    yield daemon
+    await daemon.stop()

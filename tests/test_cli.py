@@ -126,7 +126,8 @@ async def test_run_dry_run_logs_the_diff_and_writes_nothing(tmp_path: Path, etcd
     proc = subprocess.Popen(
         [sys.executable, "-m", "exporter", "run", "--config", str(cfg), "--dry-run"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        env={**__import__("os").environ, "EXPORTER_CONTROL__LISTEN": env_listen, "EXPORTER_LOG__FORMAT": "human"},
+        env={**__import__("os").environ, "EXPORTER_CONTROL__LISTEN": env_listen, "EXPORTER_LOG__FORMAT": "human",
+             "EXPORTER_API__ENABLED": "false"},
     )
     try:
         import aiohttp

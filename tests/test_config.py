@@ -67,3 +67,12 @@ def test_bad_config_names_the_field(tmp_path: Path, yaml_text: str, field: str) 
 def test_missing_config_file_is_a_clear_error(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="does not exist"):
         load_settings(tmp_path / "nope.yaml")
+
+
+def test_configuration_reference_is_current() -> None:
+    from pathlib import Path
+
+    from exporter.config import reference_markdown
+
+    doc = Path(__file__).resolve().parent.parent / "docs" / "configuration.md"
+    assert doc.read_text() == reference_markdown(), "run: traefik-etcd-exporter config-reference > docs/configuration.md"

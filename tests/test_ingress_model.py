@@ -215,3 +215,11 @@ def test_field_errors_never_echo_the_input() -> None:
     secret = "Bearer super-secret-token"
     errors = errors_of(hosts=[secret])
     assert secret not in str(errors)
+
+
+@pytest.mark.parametrize("field", ["authority", "id"])
+def test_a_trailing_newline_is_not_a_label(field: str) -> None:
+    # Python's `$` matches before a final newline; every pattern must anchor with \Z.
+    assert locs(**{field: "llama\n"}) == [field]
+    assert locs(hosts=["llama.test\n"]) == ["hosts.0"]
+    assert locs(path_prefix="/v1\n") == ["path_prefix"]

@@ -37,7 +37,8 @@ def ingress_file(ids: list[str], revision: int, url: str) -> str:
 def daemon(config: Path, control: str, **env: str) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
         [sys.executable, "-m", "exporter", "run", "--config", str(config)],
-        env={**os.environ, "EXPORTER_CONTROL__LISTEN": control, "EXPORTER_LOG__FORMAT": "human", **env},
+        env={**os.environ, "EXPORTER_CONTROL__LISTEN": control, "EXPORTER_LOG__FORMAT": "human",
+             "EXPORTER_API__ENABLED": "false", **env},
         stdout=subprocess.DEVNULL, stderr=open(config.parent / "daemon.log", "ab"),
     )
 

@@ -15,9 +15,9 @@ from typing import Annotated, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, model_validator
 
-_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,127}$")
-_REF_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,127}(@[a-z0-9-]+)?$")
-_DURATION_RE = re.compile(r"^(\d+(\.\d+)?(ns|us|µs|ms|s|m|h))+$|^\d+$")
+_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_-]{0,127}\Z")
+_REF_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,127}(@[a-z0-9-]+)?\Z")
+_DURATION_RE = re.compile(r"^(?:(\d+(\.\d+)?(ns|us|µs|ms|s|m|h))+|\d+)\Z")
 
 
 def _object_name(value: str) -> str:

@@ -1,0 +1,131 @@
+"""The coordinator push API (the api-delivery worker contract), on aiohttp.
+
+`POST /v2/ingress/upsert` and `POST /v2/ingress/remove` answer 204 only once every ingress
+of the request is committed in etcd; `GET /v2/ingress` lists what is stored. The token is
+checked before anything else is read; errors are `{"type", "title", "data"}` JSON and never
+carry a stack trace, an input value or a secret.
+"""
+
+from __future__ import annotations
+
+import hmac
+import ipaddress
+import json
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiohttp import web
+from loguru import logger
+from prometheus_client import Counter
+from pydantic import BaseModel, ValidationError
+
+from ..errors import (
+    BodyTooLarge,
+    EtcdUnavailable,
+    ExporterError,
+    Unauthorized,
+    UnsupportedMediaType,
+    ValidationFailed,
+)
+from ..ingress import IngressFile, RemoveRequest, field_errors
+from ..reconciler import Reconciler
+from ..store.records import Record
+
+REQUESTS = Counter("exporter_api_requests_total", "push API requests by route and status", ["route", "status"])
+_Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def is_loopback(listen: str) -> bool:
+    """True when a host:port listens on a loopback address only."""
+    host = listen.rpartition(":")[0].strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def error_response(error: ExporterError) -> web.Response:
+    """The JSON error body and status of one error."""
+    return web.json_response(error.to_json(), status=error.status)
+
+
+def push_api_app(
+    reconciler: Reconciler, *, token: str | None, max_body_bytes: int, ready: Callable[[], bool] = lambda: True
+) -> web.Application:
+    """The aiohttp application of the push API. `token` None means unauthenticated (loopback only)."""
+    expected = token.encode() if token is not None else None
+
+    @web.middleware
+    async def guard(request: web.Request, handler: _Handler) -> web.StreamResponse:
+        route = request.match_info.route.resource.canonical if request.match_info.route.resource else "unknown"
+        try:
+            if expected is not None:
+                header = request.headers.get("Authorization", "")
+                scheme, _, given = header.partition(" ")
+                if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), expected):
+                    raise Unauthorized("missing or wrong bearer token")
+            response = await handler(request)
+        except ExporterError as exc:
+            response = error_response(exc)
+        except web.HTTPException as exc:
+            if exc.status == 413:
+                response = error_response(BodyTooLarge(f"request body is larger than {max_body_bytes} bytes"))
+            else:
+                response = web.json_response(
+                    {"type": type(exc).__name__, "title": exc.reason, "data": {}}, status=exc.status
+                )
+        except Exception:  # noqa: BLE001 - never a stack trace in a body
+            logger.exception("push API {} {} failed", request.method, request.path)
+            response = web.json_response(
+                {"type": "InternalError", "title": "internal error; see the exporter log", "data": {}}, status=500
+            )
+        REQUESTS.labels(route, str(response.status)).inc()
+        return response
+
+    async def read_json(request: web.Request, model: type[BaseModel]) -> Any:
+        if request.content_type != "application/json":
+            raise UnsupportedMediaType("the body must be JSON (Content-Type: application/json)")
+        if request.content_length is not None and request.content_length > max_body_bytes:
+            raise BodyTooLarge(f"request body is larger than {max_body_bytes} bytes")
+        raw = await request.read()
+        try:
+            data = json.loads(raw)
+        except (ValueError, RecursionError):
+            raise ValidationFailed("the body is not valid JSON", {"errors": [{"loc": "", "msg": "invalid JSON"}]}) from None
+        try:
+            return model.model_validate(data)
+        except ValidationError as exc:
+            errors = field_errors(exc)
+            raise ValidationFailed(f"{len(errors)} invalid field(s) in the request", {"errors": errors}) from None
+        except RecursionError:
+            raise ValidationFailed("the body is nested too deeply", {"errors": [{"loc": "", "msg": "too deep"}]}) from None
+
+    def check_ready() -> None:
+        if not ready():
+            raise EtcdUnavailable("etcd is unreachable or not synced yet; nothing was written")
+
+    async def upsert(request: web.Request) -> web.Response:
+        body: IngressFile = await read_json(request, IngressFile)
+        check_ready()
+        await reconciler.submit([Record.of(ingress) for ingress in body.ingresses])
+        return web.Response(status=204)
+
+    async def remove(request: web.Request) -> web.Response:
+        body: RemoveRequest = await read_json(request, RemoveRequest)
+        check_ready()
+        await reconciler.submit([], [(r.authority, r.id, r.revision) for r in body.ingresses])
+        return web.Response(status=204)
+
+    async def list_ingresses(request: web.Request) -> web.Response:
+        check_ready()
+        authority = request.query.get("authority")
+        records = reconciler.store.by_authority(authority)
+        return web.json_response({"ingresses": [r.ingress.model_dump(mode="json") for r in records]})
+
+    app = web.Application(middlewares=[guard], client_max_size=max_body_bytes)
+    app.router.add_post("/v2/ingress/upsert", upsert)
+    app.router.add_post("/v2/ingress/remove", remove)
+    app.router.add_get("/v2/ingress", list_ingresses)
+    return app

@@ -1,0 +1,382 @@
+"""The coordinator push API on a real etcd and Traefik: every status code, revisions, hostile input."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+import yaml
+
+from exporter.daemon import Daemon
+from exporter.embedded import free_port
+from exporter.etcd.client import EtcdClient
+from tests.conftest import API_MAX_BODY, API_TOKEN, ROOT, settings_for
+from tests.helpers import AUTHORITY, Backend, eventually, get_via, uid
+
+pytestmark = pytest.mark.integration
+OPENAPI = yaml.safe_load((Path(__file__).resolve().parent.parent / "docs" / "openapi.yaml").read_text())
+
+
+def ing(iid: str, revision: int = 1, **fields: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "authority": AUTHORITY, "id": iid, "revision": revision, "hosts": [f"{iid}.test"],
+        "upstream": {"servers": [{"url": "http://127.0.0.1:9"}]},
+    }
+    body.update(fields)
+    return body
+
+
+class Api:
+    def __init__(self, daemon: Daemon, session: aiohttp.ClientSession) -> None:
+        self.base = f"http://{daemon.settings.api.listen}"
+        self.session = session
+
+    async def call(
+        self, method: str, path: str, body: Any = None, *, token: str | None = API_TOKEN,
+        raw: bytes | None = None, content_type: str = "application/json",
+    ) -> tuple[int, Any]:
+        headers = {"Content-Type": content_type}
+        if token is not None:
+            headers["Authorization"] = f"Bearer {token}"
+        data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
+        async with self.session.request(method, self.base + path, data=data, headers=headers) as resp:
+            text = await resp.text()
+            payload = json.loads(text) if text else None
+            _check_openapi(method, path.split("?")[0], resp.status, payload)
+            return resp.status, payload
+
+    async def upsert(self, *ingresses: dict[str, Any], **kw: Any) -> tuple[int, Any]:
+        return await self.call("POST", "/v2/ingress/upsert", {"ingresses": list(ingresses)}, **kw)
+
+    async def remove(self, *refs: tuple[str, int], **kw: Any) -> tuple[int, Any]:
+        body = {"ingresses": [{"authority": AUTHORITY, "id": i, "revision": r} for i, r in refs]}
+        return await self.call("POST", "/v2/ingress/remove", body, **kw)
+
+    async def stored(self) -> dict[str, int]:
+        status, body = await self.call("GET", f"/v2/ingress?authority={AUTHORITY}")
+        assert status == 200
+        return {i["id"]: i["revision"] for i in body["ingresses"]}
+
+
+def _check_openapi(method: str, path: str, status: int, payload: Any) -> None:
+    """Every answer must be one the OpenAPI document declares, with a body of the declared shape."""
+    import jsonschema
+
+    operation = OPENAPI["paths"][path][method.lower()]
+    assert str(status) in operation["responses"], f"{method} {path} answered undocumented {status}"
+    response = operation["responses"][str(status)]
+    if "$ref" in response:
+        response = OPENAPI["components"]["responses"][response["$ref"].rsplit("/", 1)[1]]
+    if "content" not in response:
+        assert payload is None
+        return
+    # `#/components/...` references resolve against this wrapper, which carries the components.
+    schema = {**response["content"]["application/json"]["schema"], "components": OPENAPI["components"]}
+    jsonschema.validate(payload, schema, cls=jsonschema.Draft202012Validator)
+
+
+@pytest.fixture
+async def api(api_daemon: Daemon, http: aiohttp.ClientSession) -> Any:
+    client = Api(api_daemon, http)
+    yield client
+    stored = await client.stored()
+    leftovers = [(i, r) for i, r in stored.items()]
+    if leftovers:
+        await client.remove(*leftovers)
+
+
+async def revision(etcd_client: EtcdClient) -> int:
+    return await etcd_client.revision()
+
+
+async def test_upsert_204_after_commit_then_idempotent_retry(api, etcd_client, traefik, http, backends) -> None:
+    backends.append(await Backend("pushed").start())
+    iid = uid()
+    body = ing(iid, upstream={"servers": [{"url": backends[0].url}]})
+    assert await api.upsert(body) == (204, None)
+    # 204 means committed: the keys are in etcd right now.
+    kv = await etcd_client.get(f"{ROOT}/http/routers/{AUTHORITY}_{iid}/rule")
+    assert kv is not None and kv.value == f"Host(`{iid}.test`)"
+    await eventually(lambda: _serves(http, traefik, f"{iid}.test", "pushed"))
+    before = await revision(etcd_client)
+    assert await api.upsert(body) == (204, None)
+    assert await revision(etcd_client) == before
+    assert (await api.stored())[iid] == 1
+
+
+async def test_stale_and_conflicting_revisions_are_409_and_write_nothing(api, etcd_client) -> None:
+    iid = uid()
+    assert (await api.upsert(ing(iid, revision=5)))[0] == 204
+    before = await revision(etcd_client)
+    status, body = await api.upsert(ing(iid, revision=4))
+    assert status == 409 and body["type"] == "StaleRevisionError"
+    assert body["data"] == {"authority": AUTHORITY, "id": iid, "stored_revision": 5}
+    status, body = await api.upsert(ing(iid, revision=5, path_prefix="/other"))
+    assert status == 409 and body["data"]["stored_revision"] == 5
+    status, body = await api.remove((iid, 3))
+    assert status == 409
+    assert await revision(etcd_client) == before
+    assert (await api.upsert(ing(iid, revision=6, path_prefix="/other")))[0] == 204
+
+
+async def test_remove_is_204_and_safe_to_retry_and_unknown_is_a_no_op(api, etcd_client) -> None:
+    iid = uid()
+    assert (await api.upsert(ing(iid, revision=2)))[0] == 204
+    assert await api.remove((iid, 2)) == (204, None)
+    assert await etcd_client.get(f"{ROOT}/http/routers/{AUTHORITY}_{iid}/rule") is None
+    before = await revision(etcd_client)
+    assert await api.remove((iid, 2)) == (204, None)
+    assert await api.remove((uid(), 1)) == (204, None)
+    assert await revision(etcd_client) == before
+    assert iid not in await api.stored()
+
+
+async def test_get_lists_every_ingress_and_filters_by_authority(api) -> None:
+    ids = sorted(uid() for _ in range(3))
+    assert (await api.upsert(*(ing(i, revision=n + 1) for n, i in enumerate(ids))))[0] == 204
+    stored = await api.stored()
+    assert {i: stored[i] for i in ids} == {ids[0]: 1, ids[1]: 2, ids[2]: 3}
+    status, body = await api.call("GET", "/v2/ingress?authority=nobody")
+    assert (status, body) == (200, {"ingresses": []})
+
+
+@pytest.mark.parametrize("token", [None, "wrong", "", f"{API_TOKEN}x"])
+async def test_401_without_the_right_token_writes_nothing(api, etcd_client, token: str | None) -> None:
+    before = await revision(etcd_client)
+    status, body = await api.upsert(ing(uid()), token=token)
+    assert status == 401 and body["type"] == "Unauthorized"
+    assert API_TOKEN not in json.dumps(body)
+    assert (await api.call("GET", "/v2/ingress", token=token))[0] == 401
+    assert await revision(etcd_client) == before
+
+
+async def test_401_comes_before_the_body_is_read(api) -> None:
+    status, body = await api.call("POST", "/v2/ingress/upsert", raw=b"x" * (API_MAX_BODY * 4), token="wrong")
+    assert status == 401
+
+
+async def test_415_for_a_body_that_is_not_json(api, etcd_client) -> None:
+    before = await revision(etcd_client)
+    status, body = await api.call("POST", "/v2/ingress/upsert", raw=b"ingresses: []", content_type="application/yaml")
+    assert status == 415 and body["type"] == "UnsupportedMediaType"
+    assert await revision(etcd_client) == before
+
+
+async def test_413_just_over_the_limit_and_accepted_just_under(api, etcd_client) -> None:
+    iid = uid()
+    payload = json.dumps({"ingresses": [ing(iid)]}).encode()
+    under = payload + b" " * (API_MAX_BODY - len(payload))
+    over = under + b" "
+    before = await revision(etcd_client)
+    status, body = await api.call("POST", "/v2/ingress/upsert", raw=over)
+    assert status == 413 and body["type"] == "BodyTooLarge"
+    assert await revision(etcd_client) == before
+    assert (await api.call("POST", "/v2/ingress/upsert", raw=under))[0] == 204
+
+
+def _deep(n: int) -> bytes:
+    return b'{"ingresses": ' + b"[" * n + b"]" * n + b"}"
+
+
+HOSTILE: list[tuple[str, Any]] = [
+    ("rule injection in host", {"ingresses": [ing("evil", hosts=["a.test`) || Host(`b.test"])]}),
+    ("rule injection in path", {"ingresses": [ing("evil", path_prefix="/x`) || PathPrefix(`/")]}),
+    ("key injection in id", {"ingresses": [ing("../../tls/x")]}),
+    ("slash in authority", {"ingresses": [ing("evil", authority="test/http")]}),
+    ("unicode host", {"ingresses": [ing("evil", hosts=["évil.test"])]}),
+    ("unicode lookalike id", {"ingresses": [ing("\u0435vil")]}),
+    ("numeric id", {"ingresses": [ing("12345")]}),
+    ("provider separator", {"ingresses": [ing("evil@etcd")]}),
+    ("comma in a list element", {"ingresses": [ing("evil", allowed_client_ips=["10.0.0.0/8,0.0.0.0/0"])]}),
+    ("too many hosts", {"ingresses": [ing("evil", hosts=[f"h{n}.test" for n in range(33)])]}),
+    ("too many servers", {"ingresses": [ing("evil", upstream={"servers": [{"url": f"http://10.0.0.{n % 250}:{1000 + n}"} for n in range(257)]})]}),
+    ("wrong types", {"ingresses": [ing("evil", revision="7", hosts="a.test")]}),
+    ("null body", None),
+    ("list body", [ing("evil")]),
+    ("unknown field", {"ingresses": [ing("evil", hostz=["a.test"])]}),
+    ("duplicate ids", {"ingresses": [ing("dup"), ing("dup", revision=2)]}),
+    ("canary weight 100", {"ingresses": [ing("evil", canary={"weight": 100, "upstream": {"servers": [{"url": "http://127.0.0.1:9"}]}})]}),
+    ("CRLF in check header", {"ingresses": [ing("evil", upstream={"kind": "ai-proxy-multi", "instances": [{"name": "a", "url": "http://127.0.0.1:9", "checks": {"headers": {"X": "a\r\nB: c"}}}]})]}),
+    ("server url with credentials", {"ingresses": [ing("evil", upstream={"servers": [{"url": "http://u:p@127.0.0.1:9"}]})]}),
+]
+
+
+@pytest.mark.parametrize(("case", "body"), HOSTILE, ids=[c for c, _ in HOSTILE])
+async def test_hostile_input_gets_a_clear_400_and_changes_nothing(api, etcd_client, case: str, body: Any) -> None:
+    before = await revision(etcd_client)
+    status, answer = await api.call("POST", "/v2/ingress/upsert", body)
+    assert status == 400, (case, answer)
+    assert answer["type"] == "ValidationFailed"
+    assert answer["data"]["errors"] and all(e["msg"] for e in answer["data"]["errors"])
+    assert await revision(etcd_client) == before
+
+
+@pytest.mark.parametrize("raw", [b"{not json", _deep(100_000), b'{"ingresses": [' + b"1," * 5000 + b"1]}", b"\xff\xfe"])
+async def test_malformed_and_pathological_json_is_400(api, etcd_client, raw: bytes) -> None:
+    before = await revision(etcd_client)
+    status, answer = await api.call("POST", "/v2/ingress/upsert", raw=raw[:API_MAX_BODY])
+    assert status == 400, answer
+    assert "Traceback" not in json.dumps(answer)
+    assert await revision(etcd_client) == before
+
+
+async def test_503_when_etcd_is_unreachable_and_nothing_is_written(http: aiohttp.ClientSession) -> None:
+    settings = settings_for(
+        f"http://127.0.0.1:{free_port()}",
+        api={"listen": f"127.0.0.1:{free_port()}", "token": API_TOKEN},
+        control={"listen": f"127.0.0.1:{free_port()}"},
+    )
+    settings.etcd.timeout = 0.5
+    daemon = Daemon(settings)
+    await daemon.start()
+    try:
+        api = Api(daemon, http)
+        status, body = await api.upsert(ing(uid()))
+        assert status == 503 and body["type"] == "EtcdUnavailable"
+        assert (await api.call("GET", "/v2/ingress"))[0] == 503
+        async with http.get(f"http://{settings.control.listen}/readyz") as resp:
+            assert resp.status == 503
+            assert "etcd unreachable" in json.dumps(await resp.json())
+    finally:
+        await daemon.stop()
+
+
+async def test_coordinator_simulation_50_clients_500_ingresses(api, api_daemon, etcd_client, traefik, http) -> None:
+    ids = [uid("c") for _ in range(500)]
+    # revisions 1..4: upsert, upsert, remove (every 5th), upsert again (every 10th)
+    final: dict[str, int | None] = {}
+    plan: list[list[tuple[str, int, str]]] = [[] for _ in range(50)]
+    for n, iid in enumerate(ids):
+        ops = [(iid, 1, "upsert"), (iid, 2, "upsert")]
+        if n % 5 == 0:
+            ops.append((iid, 3, "remove"))
+            if n % 10 == 0:
+                ops.append((iid, 4, "upsert"))
+        final[iid] = None if ops[-1][2] == "remove" else ops[-1][1]
+        plan[n % 50].extend(ops)  # one client owns an ingress: its revisions arrive in order
+
+    async def client(ops: list[tuple[str, int, str]]) -> None:
+        # Interleave this client's ingresses: all revision-1 ops, then revision 2, ...
+        for iid, rev, kind in sorted(ops, key=lambda o: (o[1], o[0])):
+            if kind == "upsert":
+                status, body = await api.upsert(ing(iid, revision=rev, path_prefix=f"/r{rev}"))
+            else:
+                status, body = await api.remove((iid, rev))
+            assert status == 204, body
+
+    await asyncio.gather(*(client(ops) for ops in plan))
+    stored = await api.stored()
+    assert {i: stored.get(i) for i in ids} == final
+    kvs = (await etcd_client.range_prefix(f"{ROOT}/http/routers/")).kvs
+    rules = {kv.key.split("/")[4]: kv.value for kv in kvs if kv.key.endswith("/rule")}
+    for iid, rev in final.items():
+        name = f"{AUTHORITY}_{iid}"
+        if rev is None:
+            assert name not in rules
+        else:
+            assert rules[name] == f"Host(`{iid}.test`) && PathPrefix(`/r{rev}`)"
+    for iid in (ids[1], ids[10], ids[499]):
+        rev = final[iid]
+        await eventually(lambda: _served_path(http, traefik, iid, f"/r{rev}/x", 502))  # backend port 9 is closed
+    await eventually(lambda: _served_path(http, traefik, ids[5], "/r2/x", 404))  # removed
+
+
+async def _serves(http, traefik, host: str, body: str) -> bool:  # type: ignore[no-untyped-def]
+    status, text = await get_via(http, traefik.url("web"), host)
+    return status == 200 and text == body
+
+
+async def _served_path(http, traefik, iid: str, path: str, expected: int) -> bool:  # type: ignore[no-untyped-def]
+    return (await get_via(http, traefik.url("web"), f"{iid}.test", path))[0] == expected
+
+
+def test_the_openapi_document_lists_exactly_the_served_routes(api_daemon: Daemon) -> None:
+    from exporter.sources.api import push_api_app
+
+    app = push_api_app(api_daemon.reconciler, token="x", max_body_bytes=1024)
+    served = {(r.method.lower(), r.resource.canonical) for r in app.router.routes() if r.resource is not None}
+    documented = {(m, p) for p, ops in OPENAPI["paths"].items() for m in ops}
+    assert served - {("head", "/v2/ingress")} == documented
+
+
+async def test_restart_keeps_every_ingress_and_revision(tmp_path: Path, etcd, http) -> None:
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    records = uid("restart")
+    config = tmp_path / "exporter.yaml"
+    config.write_text(f'etcd: {{endpoints: ["{etcd.url}"]}}\nrecords_prefix: "{records}/records"\n')
+    listen = f"127.0.0.1:{free_port()}"
+    env = {**os.environ, "EXPORTER_API__TOKEN": API_TOKEN, "EXPORTER_API__LISTEN": listen,
+           "EXPORTER_CONTROL__LISTEN": f"127.0.0.1:{free_port()}", "EXPORTER_LOG__FORMAT": "json"}
+
+    def start() -> subprocess.Popen[bytes]:
+        log = open(tmp_path / "daemon.log", "ab")
+        return subprocess.Popen([sys.executable, "-m", "exporter", "run", "--config", str(config)], env=env, stdout=log, stderr=log)
+
+    class Fake:
+        settings = type("S", (), {"api": type("A", (), {"listen": listen})})
+
+    api = Api(Fake(), http)  # type: ignore[arg-type]
+    ids = [uid() for _ in range(5)]
+    proc = start()
+    try:
+        await eventually(lambda: _api_up(api), timeout=30)
+        assert (await api.upsert(*(ing(i, revision=n + 3) for n, i in enumerate(ids))))[0] == 204
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+        proc = start()
+        await eventually(lambda: _api_up(api), timeout=30)
+        stored = await api.stored()
+        assert {i: stored[i] for i in ids} == {i: n + 3 for n, i in enumerate(ids)}
+        assert (await api.remove(*((i, n + 3) for n, i in enumerate(ids))))[0] == 204
+    finally:
+        proc.terminate()
+        proc.wait(20)
+    log = (tmp_path / "daemon.log").read_text()
+    assert API_TOKEN not in log
+    async with EtcdClient([etcd.url]) as client:
+        await client.delete_prefix(f"{records}/")
+
+
+async def _api_up(api: Api) -> bool:
+    status, _ = await api.call("GET", "/v2/ingress")
+    return status == 200
+
+
+async def test_random_valid_ingresses_are_accepted_by_a_real_traefik(api, traefik, http, backends) -> None:
+    """Property check against Traefik itself: every generated router enabled, the provider not frozen."""
+    import warnings
+
+    from tests.strategies import http_ingress
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # .example() outside @given: the daemon lives on this test's loop
+        strategy = http_ingress()
+        batch = [strategy.example() for _ in range(25)]
+    prefix = uid("p")
+    for n, body in enumerate(batch):
+        body["id"] = f"{prefix}-{n}"
+    assert (await api.upsert(*batch))[0] == 204
+    for body in batch:
+        await eventually(lambda: _router_ok(http, traefik, f"{AUTHORITY}_{body['id']}"), timeout=20)
+    # The provider still applies updates: nothing generated froze it.
+    backends.append(await Backend("after-batch").start())
+    probe = uid()
+    assert (await api.upsert(ing(probe, upstream={"servers": [{"url": backends[0].url}]})))[0] == 204
+    await eventually(lambda: _serves(http, traefik, f"{probe}.test", "after-batch"))
+
+
+async def _router_ok(http, traefik, name: str) -> bool:  # type: ignore[no-untyped-def]
+    async with http.get(f"{traefik.api}/api/http/routers/{name}@etcd") as resp:
+        if resp.status != 200:
+            return False
+        router = await resp.json()
+        assert not router.get("error"), router
+        return bool(router.get("status") == "enabled")
