@@ -98,6 +98,8 @@ class Reconciler:
         self._groups = itertools.count()
         self._tasks: list[asyncio.Task[None]] = []
         self._synced = asyncio.Event()
+        self._last_batch = 0.0
+        self._last_batch_groups = 0
 
     # ----- lifecycle
 
@@ -213,8 +215,9 @@ class Reconciler:
                 await asyncio.wait_for(self._wake.wait(), timeout)
             if self._stopping and not self._queue:
                 return
-            if self._window and self._queue:
+            if self._window and self._in_burst():
                 # Gather the rest of a burst so it shares transactions (and one Traefik reload).
+                # A lone request is written at once: coalescing must not cost it latency.
                 await asyncio.sleep(self._window)
             self._wake.clear()
             if time.monotonic() >= next_full:
@@ -230,7 +233,10 @@ class Reconciler:
                     self._full_requested = False
                     next_full = time.monotonic() + self._interval
                     await self._full_pass()
-                await self._batch()
+                if self._queue or self._dirty:
+                    self._last_batch_groups = len({i.group for i in self._queue})
+                    await self._batch()
+                    self._last_batch = time.monotonic()
                 backoff = 0.1
                 self.status.etcd_ok = True
             except EtcdError as exc:
@@ -243,6 +249,13 @@ class Reconciler:
                 backoff = min(backoff * 2, _BACKOFF_MAX)
                 self._relist_requested = True
                 next_full = time.monotonic()  # retry now: re-list and reconcile everything
+
+    def _in_burst(self) -> bool:
+        """Several requests queued, or the previous batch had several and ended within the window."""
+        if len({i.group for i in self._queue}) > 1:
+            return True
+        recent = time.monotonic() - self._last_batch < self._window
+        return bool(self._queue) and recent and self._last_batch_groups > 1
 
     def _fail_queue(self, error: ExporterError) -> None:
         for intent in self._queue:
