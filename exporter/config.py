@@ -104,6 +104,12 @@ class WriterSettings(_Section):
     max_in_flight: int = Field(default=8, ge=1, le=64, description="transactions in flight at once")
 
 
+class HealthSettings(_Section):
+    """The health engine."""
+
+    concurrency: int = Field(default=256, ge=1, le=10_000, description="probes in flight at once")
+
+
 class TlsSettings(_Section):
     """The default certificate written under every root (generated when unset)."""
 
@@ -142,6 +148,7 @@ class Settings(BaseSettings):
     api: ApiSettings = Field(default_factory=ApiSettings)
     control: ControlSettings = Field(default_factory=ControlSettings)
     writer: WriterSettings = Field(default_factory=WriterSettings)
+    health: HealthSettings = Field(default_factory=HealthSettings)
     tls: TlsSettings = Field(default_factory=TlsSettings)
     log: LogSettings = Field(default_factory=LogSettings)
 

@@ -9,7 +9,11 @@ from aiohttp import web
 from loguru import logger
 
 from .config import Settings
+from .control.healthcheck import healthcheck_routes
 from .control.server import control_app
+from .health.checkers import load_kinds
+from .health.engine import HealthEngine
+from .health.kinds import BUILTIN
 from .etcd.client import EtcdClient
 from .plan.observed import Observed
 from .plan.planner import Planner
@@ -54,6 +58,13 @@ class Daemon:
         self.settings = settings
         self.etcd = EtcdClient(settings.etcd.endpoints, settings.etcd.timeout, settings.etcd.page_size)
         self.reconciler = build_reconciler(settings, self.etcd, dry_run)
+        self.health = HealthEngine(
+            load_kinds(BUILTIN), lambda owners: self.reconciler.mark_dirty(owners, "health"),
+            concurrency=settings.health.concurrency,
+        )
+        self.reconciler.ejected = self.health.ejected
+        self.reconciler.check_record = lambda record: self.health.check_kinds(record.ingress)
+        self.reconciler.store.listener = self.health.update
         self.files = IngressFiles(settings.sources.files, self.reconciler)
         self.stop_event = asyncio.Event()
         self.sources_applied = False
@@ -95,7 +106,8 @@ class Daemon:
     async def start(self) -> None:
         """Serve the control API, sync with etcd, then apply the sources and serve the push API."""
         push_api = self._push_api()
-        self._runners.append(await _serve(control_app(self.readiness), self.settings.control.listen))
+        routes = healthcheck_routes(self.health, lambda owner: self.reconciler.store.get(owner) is not None)
+        self._runners.append(await _serve(control_app(self.readiness, routes), self.settings.control.listen))
         logger.info("control server on http://{}", self.settings.control.listen)
         if push_api is not None:
             self._runners.append(await _serve(push_api, self.settings.api.listen))
@@ -105,6 +117,7 @@ class Daemon:
 
     async def _sources(self) -> None:
         await self.reconciler.wait_synced()
+        await self.health.start()
         self.files.adopt(self.reconciler.store.by_authority())
         await self.files.sync_all()
         self.sources_applied = True
@@ -116,6 +129,7 @@ class Daemon:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.health.stop()
         await self.reconciler.stop()
         for runner in self._runners:
             await runner.cleanup()

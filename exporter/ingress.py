@@ -17,7 +17,13 @@ from pydantic import (
     AfterValidator,
     BaseModel,
     ConfigDict,
+    Discriminator,
     Field,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    StrictStr,
+    Tag,
     ValidationError,
     field_validator,
     model_validator,
@@ -219,11 +225,53 @@ class AiProxyMultiUpstream(_Strict):
         return value
 
 
-Upstream = Annotated[Union[ServersUpstream, AiProxyMultiUpstream], Field(discriminator="kind")]
+_PLUGIN_KIND_RE = re.compile(r"^[a-z][a-z0-9-]{0,62}\Z")
+_ConfigValue = Union[StrictStr, StrictInt, StrictFloat, StrictBool]
+
+
+class PluginUpstream(_Strict):
+    """A third-party `kind`: servers rendered as a load balancer, checked by the kind's plugin.
+
+    `config` is the plugin's own settings (flat, at most 32 entries); that a plugin for the kind
+    is installed is checked when the ingress is accepted (docs/plugins.md).
+    """
+
+    kind: str
+    servers: list[Server] = Field(min_length=1, max_length=MAX_SERVERS)
+    config: dict[str, _ConfigValue] = Field(default_factory=dict, max_length=32)
+
+    @field_validator("kind")
+    @classmethod
+    def _kind(cls, value: str) -> str:
+        if not _PLUGIN_KIND_RE.match(value) or value in ("servers", "ai-proxy-multi"):
+            raise ValueError("must be servers, ai-proxy-multi or a plugin kind of [a-z0-9-]")
+        return value
+
+    @field_validator("servers")
+    @classmethod
+    def _unique(cls, value: list[Server]) -> list[Server]:
+        if len({s.url for s in value}) != len(value):
+            raise ValueError("server urls must be unique")
+        return value
+
+
+def _upstream_tag(value: Any) -> str:
+    kind = value.get("kind", "servers") if isinstance(value, dict) else getattr(value, "kind", "servers")
+    return kind if kind in ("servers", "ai-proxy-multi") else "plugin"
+
+
+Upstream = Annotated[
+    Union[
+        Annotated[ServersUpstream, Tag("servers")],
+        Annotated[AiProxyMultiUpstream, Tag("ai-proxy-multi")],
+        Annotated[PluginUpstream, Tag("plugin")],
+    ],
+    Discriminator(_upstream_tag),
+]
 
 
 def _default_kind(value: Any) -> Any:
-    # `kind` defaults to `servers`; the discriminator needs it present.
+    # `kind` defaults to `servers`.
     if isinstance(value, dict) and "kind" not in value:
         return {"kind": "servers", **value}
     return value
@@ -338,7 +386,7 @@ class Ingress(_Strict):
 def _servers_of(ingress: Ingress) -> list[str]:
     urls: list[str] = []
     for upstream in (ingress.upstream, ingress.canary.upstream if ingress.canary else None):
-        if isinstance(upstream, ServersUpstream):
+        if isinstance(upstream, (ServersUpstream, PluginUpstream)):
             urls.extend(s.url for s in upstream.servers)
         elif isinstance(upstream, AiProxyMultiUpstream):
             urls.extend(i.url for i in upstream.instances)

@@ -23,7 +23,7 @@ from .etcd.client import Compare, EtcdClient, EtcdError, WatchCanceled, WatchEve
 from .plan.format import format_plan
 from .plan.observed import Observed
 from .plan.plan import Plan, UnitPlan
-from .plan.planner import NO_EJECTIONS, Owner, Planner
+from .plan.planner import NO_EJECTIONS, Ejections, Owner, Planner
 from .store.records import Record, RecordDecodeError, RecordStore, decode_record, record_key
 from .store.revisions import classify_remove, classify_upsert
 from .write import metrics
@@ -80,7 +80,9 @@ class Reconciler:
         self.store = RecordStore()
         self.status = Status()
         self.records_prefix = records_prefix
-        self.ejected: Callable[[Owner], frozenset[str]] = NO_EJECTIONS
+        self.ejected: Ejections = NO_EJECTIONS
+        # Extra acceptance checks of a record (e.g. that a plugin provides its upstream kind).
+        self.check_record: Callable[[Record], None] = lambda _record: None
         self.fence: Callable[[], Sequence[Compare]] = lambda: ()
         self._writer = Writer(etcd, observed, max_ops=max_ops, max_bytes=max_bytes, max_in_flight=max_in_flight)
         self._window = coalesce_window
@@ -156,7 +158,8 @@ class Reconciler:
         for upsert in upserts:
             record: Record | None = upsert
             # Renders now (and warms the cache): a record Traefik would reject is refused before queueing.
-            self.planner.renderer.render(upsert.ingress, self.ejected(upsert.key), upsert.content)
+            self.check_record(upsert)
+            self.planner.renderer.render(upsert.ingress, self.ejected(upsert.key, upsert.ingress), upsert.content)
             if classify_upsert(self.desired(upsert.key), upsert) == "noop":
                 record = self.desired(upsert.key)
             checked.append((upsert.key, record))
@@ -275,9 +278,9 @@ class Reconciler:
         self.observed.load(
             ((kv.key, kv.value, kv.mod_revision) for kv in itertools.chain(roots.kvs, records.kvs)), roots.revision
         )
-        self.store.records.clear()
-        for kv in records.kvs:
-            self._adopt_record(kv.key, kv.value)
+        listed = {self._adopt_record(kv.key, kv.value) for kv in records.kvs}
+        for owner in [o for o in self.store.records if o not in listed]:
+            self.store.set(owner, None)
         self._relist_requested = False
         self.status.etcd_ok = True
         self.status.last_revision = roots.revision

@@ -40,6 +40,8 @@ def test_router_and_load_balancer(renderer: Renderer) -> None:
         "http/routers/test_llama/entryPoints/00": "web",
         "http/services/test_llama/loadBalancer/servers/000/url": "http://10.0.0.5:8000",
         "http/services/test_llama/loadBalancer/servers/000/weight": "2",
+        # Always written: it keeps the load balancer defined (503, not 404) when every server is ejected.
+        "http/services/test_llama/loadBalancer/passHostHeader": "true",
     }
 
 

@@ -7,6 +7,7 @@ from collections.abc import Callable, Iterable, Mapping
 from loguru import logger
 
 from ..errors import TemplateError
+from ..ingress import Ingress
 from ..render.renderer import Renderer
 from ..render.root_keys import CERT_KEY, KEY_KEY, DefaultCertificate, root_keys
 from ..store.records import Record, record_key
@@ -15,7 +16,13 @@ from .ownership import is_root_owned, object_of, owner_of_object
 from .plan import Plan, UnitPlan, plan_ingress, plan_root
 
 Owner = tuple[str, str]
-NO_EJECTIONS: Callable[[Owner], frozenset[str]] = lambda _owner: frozenset()
+# (ingress key, ingress) -> URLs of servers/instances the load balancers must leave out.
+Ejections = Callable[[Owner, Ingress], frozenset[str]]
+
+
+def NO_EJECTIONS(_owner: Owner, _ingress: Ingress) -> frozenset[str]:
+    """Health checking off: every server is rendered."""
+    return frozenset()
 
 
 class Planner:
@@ -32,7 +39,7 @@ class Planner:
         desired: Mapping[Owner, Record],
         observed: Observed,
         owners: Iterable[Owner] | None = None,
-        ejected: Callable[[Owner], frozenset[str]] = NO_EJECTIONS,
+        ejected: Ejections = NO_EJECTIONS,
         include_roots: bool = True,
     ) -> Plan:
         """Plan `owners` (every known ingress when None, with the foreign-key report).
@@ -66,7 +73,7 @@ class Planner:
         return plan_root(root, keys, seen, keep)
 
     def _plan_owner(
-        self, owner: Owner, record: Record | None, observed: Observed, ejected: Callable[[Owner], frozenset[str]]
+        self, owner: Owner, record: Record | None, observed: Observed, ejected: Ejections
     ) -> UnitPlan | None:
         rkey = record_key(self.records_prefix, *owner)
         root = self.renderer.root_for(owner[0])
@@ -78,7 +85,7 @@ class Planner:
         desired_objects: tuple[str, ...] = ()
         if record is not None and not record.removing:
             try:
-                rendered = self.renderer.render(record.ingress, ejected(owner), record.content)
+                rendered = self.renderer.render(record.ingress, ejected(owner, record.ingress), record.content)
             except TemplateError as exc:
                 self.errors[owner] = exc.title
                 logger.error("not writing {}/{}: {}", owner[0], owner[1], exc.title)

@@ -19,7 +19,7 @@ from jinja2.sandbox import SandboxedEnvironment
 from pydantic import ValidationError
 
 from ..errors import TemplateError
-from ..ingress import AiProxyMultiUpstream, Ingress, ServersUpstream, field_errors
+from ..ingress import AiProxyMultiUpstream, Ingress, PluginUpstream, ServersUpstream, field_errors
 from .flatten import flatten
 from .rules import http_rule, tcp_rule
 from .traefik_schema import Fragment
@@ -42,11 +42,11 @@ def object_name(authority: str, ingress_id: str) -> str:
     return f"{authority}_{ingress_id}"
 
 
-def _group(upstream: ServersUpstream | AiProxyMultiUpstream, ejected: frozenset[str]) -> dict[str, Any]:
-    if isinstance(upstream, ServersUpstream):
+def _group(upstream: ServersUpstream | AiProxyMultiUpstream | PluginUpstream, ejected: frozenset[str]) -> dict[str, Any]:
+    if not isinstance(upstream, AiProxyMultiUpstream):
         servers = [s for s in upstream.servers if s.url not in ejected]
         return {
-            "kind": "servers",
+            "kind": "servers",  # plugin kinds render as a plain load balancer too
             "servers": [{"url": s.url, "weight": s.weight} for s in servers],
             # Ready-made Traefik server lists, so templates need no loop (rendering is the hot path).
             "lb_servers": [{"url": s.url, "weight": s.weight} for s in servers],

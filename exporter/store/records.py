@@ -9,6 +9,7 @@ is being deleted in several, and a restart must finish that deletion, not undo i
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from pydantic import ValidationError
@@ -81,6 +82,8 @@ class RecordStore:
 
     def __init__(self) -> None:
         self.records: dict[tuple[str, str], Record] = {}
+        # Told of every committed change (the health engine follows the checked ingresses).
+        self.listener: Callable[[tuple[str, str], Ingress | None], None] = lambda _key, _ingress: None
 
     def __len__(self) -> int:
         return len(self.records)
@@ -92,9 +95,13 @@ class RecordStore:
     def set(self, key: tuple[str, str], record: Record | None) -> None:
         """Commit a record (None removes it)."""
         if record is None or record.removing:
-            self.records.pop(key, None)
+            if self.records.pop(key, None) is not None:
+                self.listener(key, None)
         else:
+            previous = self.records.get(key)
             self.records[key] = record
+            if previous is None or previous.content != record.content:
+                self.listener(key, record.ingress)
 
     def by_authority(self, authority: str | None = None) -> list[Record]:
         """Every record, or those of one authority, ordered by key."""

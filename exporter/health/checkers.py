@@ -1,0 +1,108 @@
+"""The checker plugin hook: an upstream group's `kind` declares its own checkers.
+
+A kind is an object with `kind` (the upstream `kind` it handles) and `targets(group,
+resource, defaults)`, returning CheckerTargets. A target may carry its own `probe`
+coroutine. Built-in kinds: `servers` and `ai-proxy-multi`; third-party kinds are found in
+the entry-point group `traefik_etcd_exporter.checkers` (see docs/plugins.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from importlib.metadata import entry_points
+from typing import Any, Literal, Protocol
+from urllib.parse import urlsplit
+
+from loguru import logger
+
+from ..ingress import HealthCheck
+from .state import Outcome
+
+ENTRY_POINT_GROUP = "traefik_etcd_exporter.checkers"
+
+
+@dataclass(frozen=True, slots=True)
+class CheckConfig:
+    """How to probe a target's nodes (Backend.AI ModelHealthCheck meaning)."""
+
+    type: Literal["http", "tcp"] = "http"
+    path: str = "/health"
+    method: str = "GET"
+    headers: tuple[tuple[str, str], ...] = ()
+    interval: float = 10.0
+    timeout: float = 15.0
+    max_retries: int = 10
+    expected_status: int = 200
+    initial_delay: float = 60.0
+
+
+@dataclass(frozen=True, slots=True)
+class Node:
+    """One probed endpoint; `url` is its identity (it is what rendering leaves out when ejected)."""
+
+    url: str
+
+    @property
+    def ip(self) -> str:
+        return urlsplit(self.url).hostname or ""
+
+    @property
+    def port(self) -> int:
+        parts = urlsplit(self.url)
+        return parts.port or (443 if parts.scheme == "https" else 80)
+
+
+Probe = Callable[[Node, CheckConfig], Awaitable[Outcome]]
+
+
+@dataclass(frozen=True)
+class CheckerTarget:
+    """One checker: named nodes probed with one config; `meta` is reported verbatim."""
+
+    name: str
+    nodes: tuple[Node, ...]
+    check: CheckConfig
+    plugin: str | None = None
+    meta: dict[str, Any] | None = None
+    probe: Probe | None = field(default=None, compare=False)
+
+
+class CheckerKind(Protocol):
+    """What a plugin provides for one upstream kind."""
+
+    kind: str
+
+    def targets(self, group: Any, resource: str, defaults: HealthCheck, protocol: str = "http") -> list[CheckerTarget]:
+        """The checkers of one upstream group; `resource` is `<authority>/<id>/<group>` (group: primary, canary)."""
+        ...
+
+
+def default_check(hc: HealthCheck, protocol: str) -> CheckConfig:
+    """The ingress's health_check block as a CheckConfig."""
+    return CheckConfig(
+        type="tcp" if protocol == "tcp" else "http",
+        path=hc.path,
+        interval=hc.interval,
+        timeout=hc.max_wait_time,
+        max_retries=hc.max_retries,
+        expected_status=hc.expected_status_code,
+        initial_delay=hc.initial_delay,
+    )
+
+
+def load_kinds(builtin: list[CheckerKind]) -> dict[str, CheckerKind]:
+    """Built-in kinds plus those registered under the entry-point group (a bad plugin is logged, skipped)."""
+    kinds = {k.kind: k for k in builtin}
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        try:
+            plugin = ep.load()
+            plugin = plugin() if isinstance(plugin, type) else plugin
+            if plugin.kind in kinds:
+                logger.error("checker plugin {} redefines kind {!r}: ignored", ep.value, plugin.kind)
+                continue
+            kinds[plugin.kind] = plugin
+            logger.info("checker plugin {} provides kind {!r}", ep.value, plugin.kind)
+        except Exception as exc:  # noqa: BLE001 - a broken plugin must not stop the daemon
+            logger.error("checker plugin {} failed to load: {}", ep.value, exc)
+    return kinds

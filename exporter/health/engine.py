@@ -1,0 +1,233 @@
+"""The health engine: probes every checker target on its own schedule and keeps node states.
+
+Targets come from the checker kinds of each ingress's upstream groups. Each target runs in
+its own task: probe all nodes (a shared concurrency bound), update their state machines,
+and when a node starts or stops being routed, ask the reconciler to re-plan that ingress
+(its ejected servers leave the load balancer through the normal, guarded write path).
+Since a target is probed once per interval, a node's routing changes at most once per
+interval: flapping is damped by construction.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+from loguru import logger
+from prometheus_client import Counter, Gauge, Histogram
+
+from ..errors import ValidationFailed
+from ..ingress import Ingress, PluginUpstream
+from .checkers import CheckerKind, CheckerTarget, Node
+from .probes import http_probe, probe_session, tcp_probe
+from .state import NodeHealth, State, Thresholds
+
+Owner = tuple[str, str]
+
+PROBES = Counter("exporter_health_probes_total", "health probes by result", ["result"])
+TRANSITIONS = Counter("exporter_health_transitions_total", "node routing changes", ["to"])
+NODES = Gauge("exporter_health_nodes", "checked nodes by state", ["state"])
+LAG = Histogram(
+    "exporter_health_schedule_lag_seconds", "how late probes start against their schedule",
+    buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 5),
+)
+
+
+@dataclass
+class _Checked:
+    target: CheckerTarget
+    nodes: dict[str, NodeHealth]
+    task: asyncio.Task[None] | None = None
+
+
+class HealthEngine:
+    """Node states for every checked ingress; `ejected()` is what rendering leaves out."""
+
+    def __init__(
+        self,
+        kinds: dict[str, CheckerKind],
+        on_change: Callable[[Sequence[Owner]], None],
+        concurrency: int = 256,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.kinds = kinds
+        self._on_change = on_change
+        self._clock = clock
+        self._limit = asyncio.Semaphore(concurrency)
+        self._concurrency = concurrency
+        self._session: aiohttp.ClientSession | None = None
+        self._checked: dict[Owner, dict[str, _Checked]] = {}
+        self._running = False
+
+    # ----- targets
+
+    def targets_of(self, ingress: Ingress) -> list[CheckerTarget]:
+        """The checker targets an ingress declares through its upstream kinds."""
+        out: list[CheckerTarget] = []
+        groups: list[tuple[str, Any]] = [("primary", ingress.upstream)]
+        if ingress.canary is not None:
+            groups.append(("canary", ingress.canary.upstream))
+        for label, group in groups:
+            kind = self.kinds.get(group.kind)
+            if kind is None:
+                continue
+            resource = f"{ingress.authority}/{ingress.id}/{label}"
+            out.extend(kind.targets(group, resource, ingress.health_check, ingress.protocol))
+        return out
+
+    def check_kinds(self, ingress: Ingress) -> None:
+        """Refuse an ingress whose upstream kind no installed plugin provides."""
+        for loc, group in (("upstream", ingress.upstream), ("canary.upstream", ingress.canary.upstream if ingress.canary else None)):
+            if isinstance(group, PluginUpstream) and group.kind not in self.kinds:
+                raise ValidationFailed(
+                    f"{loc}.kind: no checker plugin provides kind {group.kind!r}",
+                    {"errors": [{"loc": f"ingresses.{ingress.authority}/{ingress.id}.{loc}.kind", "msg": f"unknown kind {group.kind!r}"}]},
+                )
+
+    def update(self, owner: Owner, ingress: Ingress | None) -> None:
+        """Follow a record change: keep states of nodes that stay, start new ones, drop the rest."""
+        old = self._checked.pop(owner, {})
+        new: dict[str, _Checked] = {}
+        for target in self.targets_of(ingress) if ingress is not None else []:
+            previous = old.pop(target.name, None)
+            now = self._clock()
+            nodes = {n.url: (previous.nodes.get(n.url) if previous else None) or NodeHealth(added_at=now) for n in target.nodes}
+            checked = _Checked(target, nodes)
+            if previous is not None and previous.target.check == target.check and previous.task is not None:
+                checked.task = previous.task  # same schedule; the task reads the new node set
+                previous.task = None
+            new[target.name] = checked
+            if checked.task is None and self._running:
+                checked.task = asyncio.create_task(self._run(owner, target.name), name=f"probe {target.name}")
+        for gone in old.values():
+            if gone.task is not None:
+                gone.task.cancel()
+        if new:
+            self._checked[owner] = new
+        self._count_states()
+
+    def ejected(self, owner: Owner, ingress: Ingress) -> frozenset[str]:
+        """URLs that must not receive traffic: nodes not routed, and checked nodes not probed yet."""
+        out: set[str] = set()
+        known = self._checked.get(owner, {})
+        for target in self.targets_of(ingress):
+            checked = known.get(target.name)
+            for node in target.nodes:
+                health = checked.nodes.get(node.url) if checked else None
+                if health is None or not health.routed:
+                    out.add(node.url)
+        return frozenset(out)
+
+    # ----- probing
+
+    async def start(self) -> None:
+        """Start probing every known target."""
+        self._session = probe_session(self._concurrency)
+        self._running = True
+        for owner, targets in self._checked.items():
+            for name, checked in targets.items():
+                if checked.task is None:
+                    checked.task = asyncio.create_task(self._run(owner, name), name=f"probe {name}")
+
+    async def stop(self) -> None:
+        """Stop every probe task and close the probe session."""
+        self._running = False
+        tasks = [c.task for t in self._checked.values() for c in t.values() if c.task is not None]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for targets in self._checked.values():
+            for checked in targets.values():
+                checked.task = None
+        if self._session is not None:
+            await self._session.close()
+
+    async def _run(self, owner: Owner, name: str) -> None:
+        checked = self._checked.get(owner, {}).get(name)
+        if checked is None:
+            return
+        # First probe soon (new servers get no traffic until it succeeds), spread by jitter.
+        due = self._clock() + random.uniform(0, min(0.2, checked.target.check.interval / 10))
+        while True:
+            await asyncio.sleep(max(0.0, due - self._clock()))
+            checked = self._checked.get(owner, {}).get(name)
+            if checked is None:
+                return
+            LAG.observe(max(0.0, self._clock() - due))
+            target, check = checked.target, checked.target.check
+            outcomes = await asyncio.gather(*(self._probe(target, node) for node in target.nodes))
+            now = self._clock()
+            limits = Thresholds(successes=1, failures=check.max_retries, initial_delay=check.initial_delay)
+            changed = False
+            for node, outcome in zip(target.nodes, outcomes):
+                health = checked.nodes.get(node.url)
+                if health is None:
+                    continue
+                PROBES.labels(outcome).inc()
+                if health.record(outcome, now, limits):
+                    changed = True
+                    TRANSITIONS.labels(health.state.value).inc()
+                    logger.info("health: {} {} is now {} ({})", name, node.url, health.state.value, outcome)
+            if changed:
+                self._count_states()
+                self._on_change([owner])
+            due += check.interval * random.uniform(0.95, 1.05)
+            due = max(due, self._clock())
+
+    async def _probe(self, target: CheckerTarget, node: Node) -> Any:
+        async with self._limit:
+            if target.probe is not None:
+                return await target.probe(node, target.check)
+            if target.check.type == "tcp":
+                return await tcp_probe(node, target.check)
+            assert self._session is not None
+            return await http_probe(self._session, node, target.check)
+
+    def _count_states(self) -> None:
+        counts = {state: 0 for state in State}
+        for targets in self._checked.values():
+            for checked in targets.values():
+                for health in checked.nodes.values():
+                    counts[health.state] += 1
+        for state, count in counts.items():
+            NODES.labels(state.value).set(count)
+
+    # ----- views
+
+    def has(self, owner: Owner) -> bool:
+        """True when the ingress has checkers."""
+        return owner in self._checked
+
+    def checkers(self, owner: Owner | None = None) -> list[dict[str, Any]]:
+        """Checker entries in the APISIX /v1/healthcheck shape, ordered by name."""
+        owners = [owner] if owner is not None else sorted(self._checked)
+        out = []
+        for o in owners:
+            for name, checked in sorted(self._checked.get(o, {}).items()):
+                target = checked.target
+                entry: dict[str, Any] = {
+                    "name": name,
+                    "type": target.check.type,
+                    "nodes": [
+                        {
+                            "ip": node.ip,
+                            "port": node.port,
+                            "hostname": node.ip,
+                            "status": checked.nodes[node.url].state.value,
+                            "counter": checked.nodes[node.url].counter(),
+                        }
+                        for node in target.nodes
+                        if node.url in checked.nodes
+                    ],
+                }
+                if target.plugin is not None:
+                    entry["plugin"] = target.plugin
+                    entry["meta"] = target.meta if target.meta is not None else {}
+                out.append(entry)
+        return out
+

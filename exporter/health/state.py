@@ -1,0 +1,89 @@
+"""The lua-resty-healthcheck state machine of one node (pure; no I/O).
+
+States `healthy`, `mostly_healthy`, `mostly_unhealthy`, `unhealthy`; counters `success`,
+`http_failure`, `tcp_failure`, `timeout_failure`. A success resets the failure counters, a
+failure resets the success counter; reaching a threshold flips the state.
+
+Routing (Backend.AI ModelHealthCheck meaning): a node is routed only in `healthy` or
+`mostly_healthy`. A new node starts `mostly_unhealthy` with no success yet, so it gets no
+traffic before its first successful probe; failures inside `initial_delay` are counted but
+never make it `unhealthy`; after that, `max_retries` consecutive failures of one kind eject it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Literal
+
+Outcome = Literal["success", "http_failure", "tcp_failure", "timeout_failure"]
+
+
+class State(str, Enum):
+    HEALTHY = "healthy"
+    MOSTLY_HEALTHY = "mostly_healthy"
+    MOSTLY_UNHEALTHY = "mostly_unhealthy"
+    UNHEALTHY = "unhealthy"
+
+
+@dataclass(frozen=True, slots=True)
+class Thresholds:
+    """Consecutive results that flip the state."""
+
+    successes: int = 1
+    failures: int = 10
+    initial_delay: float = 0.0
+
+
+@dataclass(slots=True)
+class NodeHealth:
+    """One node's state, counters and history."""
+
+    added_at: float
+    state: State = State.MOSTLY_UNHEALTHY
+    success: int = 0
+    http_failure: int = 0
+    tcp_failure: int = 0
+    timeout_failure: int = 0
+    changed_at: float = 0.0
+    counters_total: dict[str, int] = field(default_factory=lambda: {"success": 0, "failure": 0})
+
+    @property
+    def routed(self) -> bool:
+        """True when the load balancer may send traffic to this node."""
+        return self.state in (State.HEALTHY, State.MOSTLY_HEALTHY)
+
+    def counter(self) -> dict[str, int]:
+        """The counters in the /v1/healthcheck shape."""
+        return {
+            "success": self.success,
+            "http_failure": self.http_failure,
+            "tcp_failure": self.tcp_failure,
+            "timeout_failure": self.timeout_failure,
+        }
+
+    def record(self, outcome: Outcome, now: float, limits: Thresholds) -> bool:
+        """Apply one probe result; True when `routed` changed."""
+        was_routed = self.routed
+        if outcome == "success":
+            self.counters_total["success"] += 1
+            self.http_failure = self.tcp_failure = self.timeout_failure = 0
+            self.success += 1
+            if self.success >= limits.successes:
+                self.state = State.HEALTHY
+            elif self.state is State.UNHEALTHY:
+                self.state = State.MOSTLY_UNHEALTHY
+        else:
+            self.counters_total["failure"] += 1
+            self.success = 0
+            count = getattr(self, outcome) + 1
+            setattr(self, outcome, count)
+            in_grace = now - self.added_at < limits.initial_delay
+            if count >= limits.failures and not in_grace:
+                self.state = State.UNHEALTHY
+            elif self.state is State.HEALTHY:
+                self.state = State.MOSTLY_HEALTHY
+        if self.routed != was_routed:
+            self.changed_at = now
+            return True
+        return False
