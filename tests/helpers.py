@@ -62,6 +62,7 @@ class Backend:
     name: str
     port: int = field(default_factory=free_port)
     status: int = 200
+    health: int = 200  # what /health answers
     hits: Counter[str] = field(default_factory=Counter)
     ssl_context: ssl.SSLContext | None = None
     _runner: web.AppRunner | None = None
@@ -74,7 +75,8 @@ class Backend:
     async def start(self) -> Backend:
         async def handle(request: web.Request) -> web.Response:
             self.hits[request.path] += 1
-            return web.Response(text=self.name, status=self.status)
+            status = self.health if request.path == "/health" else self.status
+            return web.Response(text=self.name, status=status)
 
         app = web.Application()
         app.router.add_route("*", "/{tail:.*}", handle)
