@@ -138,6 +138,20 @@ class EmbeddedTraefik(Child):
         return f"http://127.0.0.1:{self.entrypoints[entrypoint]}"
 
 
+def traefik_static_args(etcd_url: str, root_key: str, entrypoints: dict[str, int]) -> list[str]:
+    """Traefik's static configuration as flags: the settings of compose/traefik.yml on loopback ports."""
+    return [
+        "--global.checkNewVersion=false",
+        "--global.sendAnonymousUsage=false",
+        "--log.level=INFO",
+        "--api.insecure=true",
+        f"--providers.etcd.endpoints={etcd_url.removeprefix('http://')}",
+        f"--providers.etcd.rootKey={root_key}",
+        f"--providers.providersThrottleDuration={TRAEFIK_THROTTLE}",
+        *(f"--entryPoints.{name}.address=127.0.0.1:{port}" for name, port in entrypoints.items()),
+    ]
+
+
 def start_traefik(
     workdir: Path, etcd_url: str, root_key: str, entrypoints: list[str], timeout: float = 30
 ) -> EmbeddedTraefik:
@@ -145,18 +159,7 @@ def start_traefik(
     ports = {name: free_port() for name in entrypoints}
     api_port = free_port()
     log = workdir / "traefik.log"
-    args = [
-        traefik_binary(),
-        "--global.checkNewVersion=false",
-        "--global.sendAnonymousUsage=false",
-        "--log.level=INFO",
-        "--api.insecure=true",
-        f"--entryPoints.traefik.address=127.0.0.1:{api_port}",
-        f"--providers.etcd.endpoints={etcd_url.removeprefix('http://')}",
-        f"--providers.etcd.rootKey={root_key}",
-        f"--providers.providersThrottleDuration={TRAEFIK_THROTTLE}",
-        *(f"--entryPoints.{name}.address=127.0.0.1:{port}" for name, port in ports.items()),
-    ]
+    args = [traefik_binary(), *traefik_static_args(etcd_url, root_key, {**ports, "traefik": api_port})]
     env = {k: v for k, v in os.environ.items() if not k.startswith("TRAEFIK_")}
     proc = subprocess.Popen(args, stdout=log.open("ab"), stderr=subprocess.STDOUT, env=env)
     traefik = EmbeddedTraefik(proc=proc, log=log, entrypoints=ports, api_port=api_port)

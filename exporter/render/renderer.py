@@ -9,6 +9,7 @@ unchanged ingress is never rendered twice.
 from __future__ import annotations
 
 import json
+import sys
 from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,7 +25,14 @@ from .flatten import flatten
 from .rules import http_rule, tcp_rule
 from .traefik_schema import Fragment
 
-BUILTIN_TEMPLATES = Path(__file__).resolve().parent.parent.parent / "templates"
+def _builtin_templates() -> Path:
+    # A source checkout (editable install) has templates/ beside the package; a wheel install
+    # puts them under <prefix>/share/traefik-etcd-exporter/templates.
+    checkout = Path(__file__).resolve().parent.parent.parent / "templates"
+    return checkout if checkout.is_dir() else Path(sys.prefix) / "share" / "traefik-etcd-exporter" / "templates"
+
+
+BUILTIN_TEMPLATES = _builtin_templates()
 _CACHE_SIZE = 65536
 
 

@@ -75,7 +75,9 @@ class Writer:
             for change in txn.changes:
                 self._observed.set(change.key, change.new, reply.revision)
             names = sorted({u.name for u in txn.units})
-            logger.info("txn rev={} ops={} units={}", reply.revision, len(txn.changes), ",".join(names))
+            logger.bind(revision=reply.revision, ingresses=names, ops=len(txn.changes)).info(
+                "txn rev={} ops={} units={}", reply.revision, len(txn.changes), ",".join(names)
+            )
         return reply.succeeded, reply.revision
 
     async def _commit_whole(self, txn: Txn, fence: Sequence[Compare], result: ApplyResult) -> None:

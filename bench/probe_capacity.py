@@ -1,0 +1,120 @@
+"""Probe capacity (issue 5): targets at a 1 s interval one engine sustains with scheduling lag p99 < 100 ms,
+against a raw aiohttp request loop to the same local backends in the same run.
+
+The backends run in a separate process (4 aiohttp servers on loopback ports).
+Usage: .venv/bin/python bench/probe_capacity.py [--seconds 8] [--targets 1000,2000,3000,4000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import aiohttp
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import exporter.health.engine as engine_module  # noqa: E402
+from bench.common import pct  # noqa: E402
+from exporter.embedded import free_port  # noqa: E402
+from exporter.health.checkers import load_kinds  # noqa: E402
+from exporter.health.engine import HealthEngine  # noqa: E402
+from exporter.health.kinds import BUILTIN  # noqa: E402
+from exporter.ingress import Ingress  # noqa: E402
+from loguru import logger  # noqa: E402
+
+BACKENDS = """
+import asyncio, sys
+from aiohttp import web
+async def ok(request): return web.Response(text="ok")
+async def main():
+    for port in map(int, sys.argv[1:]):
+        app = web.Application(); app.router.add_get("/health", ok)
+        runner = web.AppRunner(app, access_log=None); await runner.setup()
+        await web.TCPSite(runner, "127.0.0.1", port, backlog=4096).start()
+    await asyncio.Event().wait()
+asyncio.run(main())
+"""
+
+
+class Lag:
+    def __init__(self) -> None:
+        self.values: list[float] = []
+
+    def observe(self, value: float) -> None:
+        self.values.append(value)
+
+
+async def engine_run(ports: list[int], targets: int, seconds: float) -> tuple[float, float]:
+    lag = Lag()
+    engine_module.LAG = lag  # type: ignore[assignment]
+    engine = HealthEngine(load_kinds(BUILTIN), lambda owners: None, concurrency=512)
+    for n in range(targets):
+        port = ports[n % len(ports)]
+        ingress = Ingress.model_validate({
+            "authority": "bench", "id": f"t{n}", "revision": 1, "hosts": ["b.test"],
+            # Distinct URLs (query-free): a path per target keeps nodes unique.
+            "upstream": {"servers": [{"url": f"http://127.0.0.{1 + n // 60000}:{port}"}]},
+            "health_check": {"enable": True, "interval": 1.0, "max_wait_time": 2.0, "initial_delay": 0},
+        })
+        engine.update(("bench", f"t{n}"), ingress)
+    probes = engine_module.PROBES.labels("success")
+    before = probes._value.get()
+    await engine.start()
+    await asyncio.sleep(2)  # warm-up: first probes are spread over 0.1 s
+    lag.values.clear()
+    start_count, started = probes._value.get(), time.perf_counter()
+    await asyncio.sleep(seconds)
+    rate = (probes._value.get() - start_count) / (time.perf_counter() - started)
+    await engine.stop()
+    del before
+    return pct(lag.values, 0.99), rate
+
+
+async def raw_rate(ports: list[int], seconds: float, concurrency: int = 64) -> float:
+    done = 0
+    deadline = time.perf_counter() + seconds
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True, limit=concurrency)) as session:
+
+        async def worker(k: int) -> None:
+            nonlocal done
+            while time.perf_counter() < deadline:
+                async with session.get(f"http://127.0.0.1:{ports[k % len(ports)]}/health") as resp:
+                    await resp.read()
+                done += 1
+
+        started = time.perf_counter()
+        await asyncio.gather(*(worker(k) for k in range(concurrency)))
+        return done / (time.perf_counter() - started)
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--seconds", type=float, default=8)
+    parser.add_argument("--targets", default="1000,2000,3000,4000")
+    args = parser.parse_args()
+    logger.remove()
+    ports = [free_port() for _ in range(4)]
+    backends = subprocess.Popen([sys.executable, "-c", BACKENDS, *map(str, ports)])
+    try:
+        await asyncio.sleep(1.5)
+        raw = await raw_rate(ports, args.seconds)
+        print(f"raw aiohttp loop (new connection per request, 64 in flight): {raw:.0f} requests/s")
+        best = 0
+        for n in map(int, args.targets.split(",")):
+            p99, rate = await engine_run(ports, n, args.seconds)
+            ok = p99 < 0.1
+            best = n if ok else best
+            print(f"{n} targets at 1 s: {rate:.0f} probes/s ({rate / raw:.0%} of raw), scheduling lag p99 {p99 * 1000:.0f} ms"
+                  f" {'ok' if ok else '> 100 ms'}")
+        print(f"capacity with p99 lag < 100 ms: {best} targets (target >= 2000, and >= 70% of the raw rate)")
+    finally:
+        backends.terminate()
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
