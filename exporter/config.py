@@ -102,6 +102,9 @@ class WriterSettings(_Section):
     coalesce_window: float = Field(default=0.02, ge=0, le=5, description="seconds a burst is gathered")
     reconcile_interval: float = Field(default=30.0, gt=0, description="seconds between full reconciles")
     max_in_flight: int = Field(default=8, ge=1, le=64, description="transactions in flight at once")
+    tombstone_ttl: float = Field(
+        default=86400.0, ge=0, description="seconds a removed ingress's tombstone refuses older upserts"
+    )
 
 
 class HealthSettings(_Section):

@@ -40,6 +40,7 @@ def build_reconciler(settings: Settings, etcd: EtcdClient, dry_run: bool = False
         max_bytes=settings.etcd.max_request_bytes,
         max_in_flight=settings.writer.max_in_flight,
         dry_run=dry_run,
+        tombstone_ttl=settings.writer.tombstone_ttl,
     )
 
 

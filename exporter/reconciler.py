@@ -73,6 +73,7 @@ class Reconciler:
         max_bytes: int = 1_000_000,
         max_in_flight: int = 8,
         dry_run: bool = False,
+        tombstone_ttl: float = 86400.0,
     ) -> None:
         self.etcd = etcd
         self.planner = planner
@@ -88,6 +89,7 @@ class Reconciler:
         self._window = coalesce_window
         self._interval = reconcile_interval
         self._dry_run = dry_run
+        self._tombstone_ttl = tombstone_ttl
         self._last_dry_run = ""
         self._queue: list[Intent] = []
         self._pending: dict[Owner, Record | None] = {}
@@ -145,10 +147,10 @@ class Reconciler:
     # ----- inputs
 
     def desired(self, owner: Owner) -> Record | None:
-        """The newest accepted record of an ingress (pending or committed)."""
+        """The newest accepted record of an ingress (pending or committed; a tombstone if removed)."""
         if owner in self._pending:
             return self._pending[owner]
-        return self.store.get(owner)
+        return self.store.latest(owner)
 
     def stage(self, upserts: Sequence[Record], removes: Sequence[tuple[str, str, int]]) -> list[Intent]:
         """Validate revisions and queue the changes of one request; raises StaleRevisionError, writes nothing."""
@@ -164,8 +166,9 @@ class Reconciler:
                 record = self.desired(upsert.key)
             checked.append((upsert.key, record))
         for authority, ingress_id, revision in removes:
-            if classify_remove(self.desired((authority, ingress_id)), authority, ingress_id, revision) == "apply":
-                checked.append(((authority, ingress_id), None))
+            stored = self.desired((authority, ingress_id))
+            if stored is not None and classify_remove(stored, authority, ingress_id, revision) == "apply":
+                checked.append(((authority, ingress_id), stored.removal(revision, time.time())))
         for owner, record in checked:
             self._pending[owner] = record
             intents.append(Intent(owner, record, group))
@@ -201,10 +204,11 @@ class Reconciler:
 
     def preview(self, upserts: Sequence[Record], removes: Sequence[Owner]) -> Plan:
         """The full plan after applying these changes to the loaded records, without writing."""
-        view = dict(self.store.records)
+        view = {**self.store.tombstones, **self.store.records}
         view.update({r.key: r for r in upserts})
         for owner in removes:
-            view.pop(owner, None)
+            if owner in self.store.records:
+                view[owner] = self.store.records[owner].removal(self.store.records[owner].revision, time.time())
         return self.planner.plan(view, self.observed, None, self.ejected)
 
     # ----- the loop
@@ -301,21 +305,16 @@ class Reconciler:
         if record.key != owner:
             logger.error("ignoring record {}: it holds ingress {}/{}", key, *record.key)
             return None
-        if record.removing:
-            # A removal interrupted mid-way: finish it.
-            self.store.set(owner, None)
-            self._dirty[owner] = "finish removal"
-        else:
-            self.store.set(owner, record)
+        self.store.set(owner, record)
         return owner
 
     async def _full_pass(self) -> None:
         started = time.monotonic()
+        expired = time.time() - self._tombstone_ttl
         view = dict(self.store.records)
+        # Tombstones past their TTL are left out: the plan deletes their record key.
+        view.update({o: r for o, r in self.store.tombstones.items() if r.removed_at > expired})
         view.update({o: r for o, r in self._pending.items() if r is not None})
-        for owner, record in self._pending.items():
-            if record is None:
-                view.pop(owner, None)
         plan = self.planner.plan(view, self.observed, None, self.ejected)
         # Units of queued intents are written by the batch, with their requests.
         queued = {i.owner for i in self._queue}
@@ -434,8 +433,12 @@ class Reconciler:
         result = await self._writer.apply(list(groups.values()), self.fence())
         self.status.last_revision = max(self.status.last_revision, result.revision)
         for unit in result.committed:
-            if unit.owner is not None:
-                self._settle(unit.owner, by_owner.get(unit.owner, []))
+            if unit.owner is None:
+                continue
+            if unit.owner in by_owner:
+                self._settle(unit.owner, by_owner[unit.owner])
+            else:
+                self.store.set(unit.owner, unit.record)
         if result.error is not None:
             for owner in {u.owner for u in result.failed if u.owner is not None}:
                 for intent in by_owner.get(owner, []):
@@ -471,11 +474,12 @@ class Reconciler:
     def _reconcile_peer_record(self, owner: Owner, value: str | None) -> None:
         """A peer changed this record: adopt it; settle or fail the intents it answers."""
         self._adopt_record(record_key(self.records_prefix, *owner), value)
-        stored = self.store.get(owner)
+        stored = self.store.latest(owner)
         for intent in [i for i in self._inflight if i.owner == owner and not i.future.done()]:
             wanted = intent.record
             if (wanted is None and stored is None) or (
-                wanted is not None and stored is not None and wanted.content == stored.content
+                wanted is not None and stored is not None and wanted.removed == stored.removed
+                and (wanted.removed or wanted.content == stored.content)
             ):
                 self._drop_pending(intent)
                 intent.future.set_result(None)

@@ -9,7 +9,7 @@ from exporter.plan.plan import Change, Plan, UnitPlan, order_changes, plan_ingre
 from exporter.plan.planner import Planner
 from exporter.render.renderer import Renderer
 from exporter.render.root_keys import DefaultCertificate
-from exporter.store.records import Record, decode_record, record_key
+from exporter.store.records import decode_record, record_key
 from exporter.write.packing import pack
 from tests.helpers import record
 
@@ -148,18 +148,40 @@ def test_a_request_group_shares_one_transaction_when_it_fits() -> None:
     assert [[u.name for u in t.units] for t in txns] == [["a"], ["b", "c"]]
 
 
-def test_an_oversized_unit_is_split_in_safe_order_with_a_tombstone_first() -> None:
-    rec = record("llama", upstream=UP)
-    changes = [Change(f"r/http/routers/test_llama/k{i}", "v", None) for i in range(150)]
-    changes.append(Change("records/test/llama", rec.to_value(), None))
-    unit = UnitPlan("test/llama", changes, [Compare("records/test/llama", "EQUAL", 5)], owner=("test", "llama"), removed=True)
+def test_an_oversized_removal_is_split_with_the_tombstone_first() -> None:
+    obs = Observed("traefik/worker_{authority}", PREFIX)
+    p = planner()
+    servers = {"servers": [{"url": f"http://10.0.{n // 250}.{n % 250}:80"} for n in range(200)]}
+    rec = record("llama", upstream=servers)
+    observed_after(p.plan({rec.key: rec}, obs), obs)
+    tombstone = rec.removal(2, 1000.0)
+    (unit,) = p.plan({rec.key: tombstone}, obs, owners=[rec.key]).units
     txns, split = pack([[unit]], 128, 1_000_000)
     assert not txns and len(split) == 1
     chunks = split[0]
-    assert chunks[0].changes[0].key == "records/test/llama"
-    assert decode_record(chunks[0].changes[0].new or "").removing
-    assert chunks[-1].changes[-1] == Change("records/test/llama", Record.of(rec.ingress).tombstone().to_value(), None)
-    assert sum(len(c.changes) for c in chunks) == 152
+    first = chunks[0].changes[0]
+    assert first.key == "records/test/llama" and decode_record(first.new or "").removed
+    assert all(c.new is None for chunk in chunks for c in chunk.changes[1:] if c is not first)
+    assert sum(len(c.changes) for c in chunks) == len(unit.changes) > 400
+
+
+def test_a_tombstone_refuses_older_upserts_and_accepts_newer() -> None:
+    from exporter.errors import StaleRevisionError
+    from exporter.store.revisions import classify_remove, classify_upsert
+
+    rec = record("llama", revision=3, upstream=UP)
+    tombstone = rec.removal(5, 1000.0)
+    assert tombstone.removed and tombstone.revision == 5
+    for stale in (3, 4, 5):
+        try:
+            classify_upsert(tombstone, record("llama", revision=stale, upstream=UP))
+        except StaleRevisionError as exc:
+            assert exc.data["stored_revision"] == 5
+        else:
+            raise AssertionError("a stale upsert after a removal was accepted")
+    assert classify_upsert(tombstone, record("llama", revision=6, upstream=UP)) == "apply"
+    assert classify_remove(tombstone, "test", "llama", 1) == "noop"
+    assert decode_record(tombstone.to_value()) == tombstone
 
 
 def test_plan_ingress_with_no_difference_is_none() -> None:

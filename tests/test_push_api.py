@@ -11,11 +11,11 @@ import aiohttp
 import pytest
 import yaml
 
-from exporter.daemon import Daemon
+from exporter.daemon import Daemon, build_reconciler
 from exporter.embedded import free_port
 from exporter.etcd.client import EtcdClient
 from tests.conftest import API_MAX_BODY, API_TOKEN, ROOT, settings_for
-from tests.helpers import AUTHORITY, Backend, eventually, get_via, uid
+from tests.helpers import AUTHORITY, Backend, eventually, get_via, record, uid
 
 pytestmark = pytest.mark.integration
 OPENAPI = yaml.safe_load((Path(__file__).resolve().parent.parent / "docs" / "openapi.yaml").read_text())
@@ -380,3 +380,43 @@ async def _router_ok(http, traefik, name: str) -> bool:  # type: ignore[no-untyp
         router = await resp.json()
         assert not router.get("error"), router
         return bool(router.get("status") == "enabled")
+
+
+async def test_an_upsert_older_than_a_removal_cannot_resurrect_the_ingress(api, etcd_client) -> None:
+    iid = uid()
+    assert (await api.upsert(ing(iid, revision=3)))[0] == 204
+    assert (await api.remove((iid, 4)))[0] == 204
+    before = await revision(etcd_client)
+    for stale in (3, 4):
+        status, body = await api.upsert(ing(iid, revision=stale))
+        assert status == 409 and body["data"]["stored_revision"] == 4
+    assert await revision(etcd_client) == before
+    assert iid not in await api.stored()
+    assert await api.remove((iid, 2)) == (204, None)  # already removed: no-op
+    assert (await api.upsert(ing(iid, revision=5)))[0] == 204
+    assert (await api.stored())[iid] == 5
+
+
+async def test_tombstones_expire_after_their_ttl(etcd) -> None:
+    space = uid("ttl")
+    async with EtcdClient([etcd.url]) as client:
+        settings = settings_for(etcd.url, records_prefix=f"{space}/records", writer={"tombstone_ttl": 0, "coalesce_window": 0.01})
+        rec = build_reconciler(settings, client)
+        await rec.start()
+        await rec.wait_synced(20)
+        try:
+            iid = uid()
+            await rec.submit([record(iid, upstream={"servers": [{"url": "http://127.0.0.1:9"}]})])
+            await rec.submit([], [(AUTHORITY, iid, 2)])
+            tomb = await client.get(f"{space}/records/{AUTHORITY}/{iid}")
+            assert tomb is not None and '"removed":true' in tomb.value
+            passes = rec.status.full_passes
+            rec.request_full()
+            await eventually(lambda: _gone(client, f"{space}/records/{AUTHORITY}/{iid}", rec, passes))
+        finally:
+            await rec.stop()
+            await client.delete_prefix(f"{space}/")
+
+
+async def _gone(client: EtcdClient, key: str, rec: Any, passes: int) -> bool:
+    return rec.status.full_passes > passes and await client.get(key) is None

@@ -91,7 +91,8 @@ async def test_sigkill_mid_sync_then_restart_converges_without_dangling_routers(
             # Clean up through the daemon itself: an empty file removes all 2,000.
             (tmp_path / "ingresses" / "a.yaml").write_text("ingresses: []\n")
             (tmp_path / "ingresses" / "b.yaml").unlink()
-            await eventually(lambda: _at_most(etcd_client, records, 0), timeout=60)
+            routers = f"{ROOT}/http/routers/{AUTHORITY}_{space}"
+            await eventually(lambda: _at_most(etcd_client, routers, 0), timeout=60)
         finally:
             second.terminate()
             assert second.wait(20) == 0

@@ -83,7 +83,7 @@ class Planner:
             return None
         desired_kv: dict[str, str] | None = None
         desired_objects: tuple[str, ...] = ()
-        if record is not None and not record.removing:
+        if record is not None and not record.removed:
             try:
                 rendered = self.renderer.render(record.ingress, ejected(owner, record.ingress), record.content)
             except TemplateError as exc:
@@ -99,7 +99,7 @@ class Planner:
             observed_objects=observed.objects_of(owner, root),
             desired_objects=desired_objects,
             record_key=rkey,
-            desired_record=record if desired_kv is not None or record is None else None,
+            desired_record=record,
             observed_record=observed_record,
         )
 

@@ -2,8 +2,10 @@
 
 A record is stored at `<records_prefix>/<authority>/<id>` as JSON, in the same transaction
 as the keys it renders to, so a restart or a second replica rebuilds the full state from
-etcd. A record marked `removing` is a tombstone: an ingress too large for one transaction
-is being deleted in several, and a restart must finish that deletion, not undo it.
+etcd. A removed ingress leaves a tombstone record (`removed`, with the removal's revision and
+time): an upsert older than the removal is refused instead of resurrecting it, and a removal
+split over several transactions is finished after a restart, not undone. Tombstones are
+dropped after `writer.tombstone_ttl`.
 """
 
 from __future__ import annotations
@@ -24,7 +26,8 @@ class Record:
     ingress: Ingress
     content: str
     source: str = "api"
-    removing: bool = False
+    removed: bool = False
+    removed_at: float = 0.0
 
     @classmethod
     def of(cls, ingress: Ingress, source: str = "api") -> Record:
@@ -43,12 +46,13 @@ class Record:
 
     def to_value(self) -> str:
         """The JSON stored in etcd."""
-        removing = ',"removing":true' if self.removing else ""
-        return f'{{"source":{json.dumps(self.source)}{removing},"ingress":{self.content}}}'
+        removed = f',"removed":true,"removed_at":{self.removed_at!r}' if self.removed else ""
+        return f'{{"source":{json.dumps(self.source)}{removed},"ingress":{self.content}}}'
 
-    def tombstone(self) -> Record:
-        """The same record marked as being removed."""
-        return Record(self.ingress, self.content, self.source, removing=True)
+    def removal(self, revision: int, now: float) -> Record:
+        """The tombstone left when this ingress is removed at `revision`."""
+        ingress = self.ingress.model_copy(update={"revision": revision})
+        return Record(ingress, ingress.model_dump_json(), self.source, removed=True, removed_at=now)
 
 
 def record_key(records_prefix: str, authority: str, ingress_id: str) -> str:
@@ -73,15 +77,17 @@ def decode_record(value: str) -> Record:
         ingress=ingress,
         content=ingress.model_dump_json(),
         source=str(data.get("source", "api")),
-        removing=bool(data.get("removing", False)),
+        removed=bool(data.get("removed", False)),
+        removed_at=float(data.get("removed_at", 0.0)),
     )
 
 
 class RecordStore:
-    """The committed desired records (as they are in etcd), keyed by (authority, id)."""
+    """The committed records (as they are in etcd), keyed by (authority, id): live ones and tombstones."""
 
     def __init__(self) -> None:
         self.records: dict[tuple[str, str], Record] = {}
+        self.tombstones: dict[tuple[str, str], Record] = {}
         # Told of every committed change (the health engine follows the checked ingresses).
         self.listener: Callable[[tuple[str, str], Ingress | None], None] = lambda _key, _ingress: None
 
@@ -89,20 +95,29 @@ class RecordStore:
         return len(self.records)
 
     def get(self, key: tuple[str, str]) -> Record | None:
-        """The committed record of one ingress."""
+        """The committed live record of one ingress."""
         return self.records.get(key)
 
+    def latest(self, key: tuple[str, str]) -> Record | None:
+        """The live record, else the tombstone, of one ingress."""
+        return self.records.get(key) or self.tombstones.get(key)
+
     def set(self, key: tuple[str, str], record: Record | None) -> None:
-        """Commit a record (None removes it)."""
-        if record is None or record.removing:
+        """Commit a record, a tombstone, or None (no record at all)."""
+        if record is None or record.removed:
+            if record is None:
+                self.tombstones.pop(key, None)
+            else:
+                self.tombstones[key] = record
             if self.records.pop(key, None) is not None:
                 self.listener(key, None)
-        else:
-            previous = self.records.get(key)
-            self.records[key] = record
-            if previous is None or previous.content != record.content:
-                self.listener(key, record.ingress)
+            return
+        self.tombstones.pop(key, None)
+        previous = self.records.get(key)
+        self.records[key] = record
+        if previous is None or previous.content != record.content:
+            self.listener(key, record.ingress)
 
     def by_authority(self, authority: str | None = None) -> list[Record]:
-        """Every record, or those of one authority, ordered by key."""
+        """Every live record, or those of one authority, ordered by key."""
         return [r for k, r in sorted(self.records.items()) if authority is None or k[0] == authority]

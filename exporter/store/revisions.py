@@ -13,6 +13,13 @@ def classify_upsert(stored: Record | None, incoming: Record) -> Literal["noop", 
     if stored is None:
         return "apply"
     authority, ingress_id = incoming.key
+    if stored.removed:
+        if incoming.revision <= stored.revision:
+            raise StaleRevisionError(
+                f"ingress {authority}/{ingress_id}: revision {incoming.revision} is not newer than its removal at {stored.revision}",
+                {"authority": authority, "id": ingress_id, "stored_revision": stored.revision},
+            )
+        return "apply"
     if incoming.revision < stored.revision:
         raise StaleRevisionError(
             f"ingress {authority}/{ingress_id}: revision {incoming.revision} is lower than the stored {stored.revision}",
@@ -29,8 +36,8 @@ def classify_upsert(stored: Record | None, incoming: Record) -> Literal["noop", 
 
 
 def classify_remove(stored: Record | None, authority: str, ingress_id: str, revision: int) -> Literal["noop", "apply"]:
-    """`noop` for an unknown ingress; raise when the remove is older than what is stored."""
-    if stored is None:
+    """`noop` for an unknown or already removed ingress; raise when the remove is older than what is stored."""
+    if stored is None or stored.removed:
         return "noop"
     if revision < stored.revision:
         raise StaleRevisionError(

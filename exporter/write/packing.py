@@ -4,7 +4,8 @@ Units that fit are packed whole, several to a transaction, within `max_ops` oper
 `max_ops` compares and `max_bytes`; a group of units (one push request) is kept in one
 transaction whenever it fits. A unit too large for one transaction is split into a
 sequence of chunks in its safe change order (see plan.order_changes): every prefix of that
-sequence leaves no router referencing a missing object.
+sequence leaves no router referencing a missing object, and the record (or tombstone) is
+written first.
 """
 
 from __future__ import annotations
@@ -14,7 +15,6 @@ from dataclasses import dataclass, field
 
 from ..etcd.client import Compare, Op
 from ..plan.plan import Change, UnitPlan
-from ..store.records import RecordDecodeError, decode_record
 
 _TXN_OVERHEAD = 256
 
@@ -80,19 +80,11 @@ def pack(groups: Sequence[Sequence[UnitPlan]], max_ops: int, max_bytes: int) -> 
 
 
 def _split(unit: UnitPlan, max_ops: int, max_bytes: int) -> list[Txn]:
-    changes = list(unit.changes)
-    last = changes[-1]
-    if unit.removed and last.new is None and last.old is not None and unit.owner is not None:
-        # Mark the record as being removed first: a restart then finishes the removal.
-        try:
-            tombstone = decode_record(last.old).tombstone().to_value()
-            changes.insert(0, Change(last.key, last.old, tombstone))
-            changes[-1] = Change(last.key, tombstone, None)
-        except RecordDecodeError:
-            pass
     chunks: list[Txn] = []
     current = Txn(units=[unit])
-    for change in changes:
+    # The record change (a put, or a tombstone for a removal) comes first in the change order:
+    # after a crash between chunks, the record says what the ingress must become.
+    for change in unit.changes:
         size = _size([change])
         if current.changes and (len(current.changes) >= max_ops or current.bytes + size > max_bytes):
             chunks.append(current)
