@@ -95,7 +95,7 @@ async def raw_rate(ports: list[int], seconds: float, concurrency: int = 64) -> f
 async def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--seconds", type=float, default=8)
-    parser.add_argument("--targets", default="1000,2000,3000,4000")
+    parser.add_argument("--targets", default="1000,1500,2000,3000")
     args = parser.parse_args()
     logger.remove()
     ports = [free_port() for _ in range(4)]

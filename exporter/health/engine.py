@@ -17,14 +17,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import aiohttp
 from loguru import logger
 from prometheus_client import Counter, Gauge, Histogram
 
 from ..errors import ValidationFailed
 from ..ingress import Ingress, PluginUpstream
 from .checkers import CheckerKind, CheckerTarget, Node
-from .probes import http_probe, probe_session, tcp_probe
+from .probes import http_probe, tcp_probe
 from .state import NodeHealth, State, Thresholds
 
 Owner = tuple[str, str]
@@ -59,8 +58,6 @@ class HealthEngine:
         self._on_change = on_change
         self._clock = clock
         self._limit = asyncio.Semaphore(concurrency)
-        self._concurrency = concurrency
-        self._session: aiohttp.ClientSession | None = None
         self._checked: dict[Owner, dict[str, _Checked]] = {}
         self._running = False
 
@@ -127,7 +124,6 @@ class HealthEngine:
 
     async def start(self) -> None:
         """Start probing every known target."""
-        self._session = probe_session(self._concurrency)
         self._running = True
         for owner, targets in self._checked.items():
             for name, checked in targets.items():
@@ -135,7 +131,7 @@ class HealthEngine:
                     checked.task = asyncio.create_task(self._run(owner, name), name=f"probe {name}")
 
     async def stop(self) -> None:
-        """Stop every probe task and close the probe session."""
+        """Stop every probe task."""
         self._running = False
         tasks = [c.task for t in self._checked.values() for c in t.values() if c.task is not None]
         for task in tasks:
@@ -144,15 +140,14 @@ class HealthEngine:
         for targets in self._checked.values():
             for checked in targets.values():
                 checked.task = None
-        if self._session is not None:
-            await self._session.close()
 
     async def _run(self, owner: Owner, name: str) -> None:
         checked = self._checked.get(owner, {}).get(name)
         if checked is None:
             return
-        # First probe soon (new servers get no traffic until it succeeds), spread by jitter.
-        due = self._clock() + random.uniform(0, min(0.2, checked.target.check.interval / 10))
+        # First probe within a second (new servers get no traffic until it succeeds), spread
+        # over the interval so thousands of targets do not fire in one burst every period.
+        due = self._clock() + random.uniform(0, min(1.0, checked.target.check.interval))
         while True:
             await asyncio.sleep(max(0.0, due - self._clock()))
             checked = self._checked.get(owner, {}).get(name)
@@ -185,8 +180,7 @@ class HealthEngine:
                 return await target.probe(node, target.check)
             if target.check.type == "tcp":
                 return await tcp_probe(node, target.check)
-            assert self._session is not None
-            return await http_probe(self._session, node, target.check)
+            return await http_probe(node, target.check)
 
     def _count_states(self) -> None:
         counts = {state: 0 for state in State}
