@@ -95,6 +95,8 @@ class Reconciler:
         self._pending: dict[Owner, Record | None] = {}
         self._dirty: dict[Owner, str] = {}
         self._inflight: list[Intent] = []
+        self._deferred: list[WatchEvent] = []
+        self._draining: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
         self._full_requested = True
         self._relist_requested = True
@@ -139,6 +141,8 @@ class Reconciler:
         for task in watches:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        if self._draining is not None:
+            self._draining.cancel()
         for intent in self._queue:
             if not intent.future.done():
                 intent.future.set_exception(EtcdUnavailable("the exporter is shutting down; nothing was written"))
@@ -516,6 +520,22 @@ class Reconciler:
                 backoff = min(backoff * 2, _BACKOFF_MAX)
 
     def _on_events(self, events: list[WatchEvent]) -> None:
+        if not self._writer.idle.is_set():
+            # Our own transactions are in flight: their events are recognised by revision once
+            # the replies are in, without decoding them.
+            self._deferred.extend(events)
+            if self._draining is None or self._draining.done():
+                self._draining = asyncio.create_task(self._drain_deferred())
+            return
+        self._apply_events(events)
+
+    async def _drain_deferred(self) -> None:
+        while self._deferred:
+            await self._writer.idle.wait()
+            events, self._deferred = self._deferred, []
+            self._apply_events(events)
+
+    def _apply_events(self, events: list[WatchEvent]) -> None:
         changed: set[Owner] = set()
         own = self._writer.own_revisions
         for event in events:

@@ -48,6 +48,10 @@ class Writer:
         self.inflight: dict[str, str | None] = {}
         # Revisions our own transactions created: their watch events need no decoding.
         self.own_revisions: set[int] = set()
+        # Set while no transaction is in flight (the watch defers events until then).
+        self.idle = asyncio.Event()
+        self.idle.set()
+        self._sending = 0
 
     async def apply(self, groups: Sequence[Sequence[UnitPlan]], fence: Sequence[Compare] = ()) -> ApplyResult:
         """Commit every unit of `groups`; a group (one request) shares a transaction when it fits."""
@@ -63,22 +67,30 @@ class Writer:
         async with self._in_flight:
             for change in txn.changes:
                 self.inflight[change.key] = change.new
+            self._sending += 1
+            self.idle.clear()
             try:
                 reply = await self._etcd.txn(compares, txn.ops())
+                self._record(txn, reply.succeeded, reply.revision)
             finally:
                 for change in txn.changes:
                     self.inflight.pop(change.key, None)
-        metrics.TXNS.labels("committed" if reply.succeeded else "conflict").inc()
-        if reply.succeeded:
-            self.own_revisions.add(reply.revision)
+                self._sending -= 1
+                if not self._sending:
+                    self.idle.set()
+        return reply.succeeded, reply.revision
+
+    def _record(self, txn: Txn, succeeded: bool, revision: int) -> None:
+        metrics.TXNS.labels("committed" if succeeded else "conflict").inc()
+        if succeeded:
+            self.own_revisions.add(revision)
             metrics.KEYS_WRITTEN.inc(len(txn.changes))
             for change in txn.changes:
-                self._observed.set(change.key, change.new, reply.revision)
+                self._observed.set(change.key, change.new, revision)
             names = sorted({u.name for u in txn.units})
-            logger.bind(revision=reply.revision, ingresses=names, ops=len(txn.changes)).info(
-                "txn rev={} ops={} units={}", reply.revision, len(txn.changes), ",".join(names)
+            logger.bind(revision=revision, ingresses=names, ops=len(txn.changes)).info(
+                "txn rev={} ops={} units={}", revision, len(txn.changes), ",".join(names)
             )
-        return reply.succeeded, reply.revision
 
     async def _commit_whole(self, txn: Txn, fence: Sequence[Compare], result: ApplyResult) -> None:
         try:
