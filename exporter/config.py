@@ -111,6 +111,17 @@ class HealthSettings(_Section):
     """The health engine."""
 
     concurrency: int = Field(default=256, ge=1, le=10_000, description="probes in flight at once")
+    prefix: str = Field(
+        default="", description="where the leader publishes node states (default: <records_prefix>.health)"
+    )
+
+
+class LeaderSettings(_Section):
+    """Leader election among the sidecars sharing a root."""
+
+    enabled: bool = Field(default=True, description="elect a leader (off: this daemon always acts as leader)")
+    key: str = Field(default="", description="the election key (default: <records_prefix>.leader)")
+    ttl: int = Field(default=10, ge=2, le=300, description="lease seconds: a dead leader is replaced within ttl + 1 s")
 
 
 class TlsSettings(_Section):
@@ -152,6 +163,7 @@ class Settings(BaseSettings):
     control: ControlSettings = Field(default_factory=ControlSettings)
     writer: WriterSettings = Field(default_factory=WriterSettings)
     health: HealthSettings = Field(default_factory=HealthSettings)
+    leader: LeaderSettings = Field(default_factory=LeaderSettings)
     tls: TlsSettings = Field(default_factory=TlsSettings)
     log: LogSettings = Field(default_factory=LogSettings)
 
@@ -194,6 +206,14 @@ class Settings(BaseSettings):
         if yaml_file is None:
             return (init_settings, env_settings)
         return (init_settings, env_settings, YamlConfigSettingsSource(settings_cls, yaml_file=yaml_file))
+
+    def election_key(self) -> str:
+        """The leader election key: sidecars sharing the records share one leader."""
+        return self.leader.key or f"{self.records_prefix}.leader"
+
+    def health_prefix(self) -> str:
+        """Where the leader publishes health states."""
+        return self.health.prefix or f"{self.records_prefix}.health"
 
     def root_for(self, authority: str) -> str:
         """The Traefik rootKey of one authority."""

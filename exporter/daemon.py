@@ -14,6 +14,8 @@ from .control.server import control_app
 from .health.checkers import load_kinds
 from .health.engine import HealthEngine
 from .health.kinds import BUILTIN
+from .health.shared import SharedHealth
+from .leader import Leadership
 from .etcd.client import EtcdClient
 from .plan.observed import Observed
 from .plan.planner import Planner
@@ -66,9 +68,22 @@ class Daemon:
         self.reconciler.ejected = self.health.ejected
         self.reconciler.check_record = lambda record: self.health.check_kinds(record.ingress)
         self.reconciler.store.listener = self.health.update
+        self.leadership: Leadership | None = None
+        self.shared: SharedHealth | None = None
+        if settings.leader.enabled and not dry_run:  # a dry run writes nothing, not even an election key
+            self.leadership = Leadership(self.etcd, settings.election_key(), settings.leader.ttl)
+            self.shared = SharedHealth(self.etcd, settings.health_prefix(), self.leadership.identity)
+            self.shared.fence = self.leadership.fence
+            self.shared.document = self.health.document
+            self.health.shared = self.shared
+            self.reconciler.fence = self.leadership.fence
+            leadership = self.leadership
+            self.reconciler.is_leader = lambda: leadership.is_leader
+            self.leadership.on_change = self._leadership_changed
         self.files = IngressFiles(settings.sources.files, self.reconciler)
         self.stop_event = asyncio.Event()
         self.sources_applied = False
+        self._stopping = False
         self._runners: list[web.AppRunner] = []
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -80,6 +95,8 @@ class Daemon:
             reasons.append(f"etcd unreachable: {status.last_error or 'not contacted yet'}")
         if not status.synced:
             reasons.append("first sync with etcd not done")
+        elif self.leadership is not None and not self.leadership.is_leader and self.leadership.leader is None:
+            reasons.append("no leader elected")
         elif not self.sources_applied:
             reasons.append("ingress files not applied yet")
         reasons += [f"ingress file {path}: {error}" for path, error in sorted(self.files.errors.items())]
@@ -107,30 +124,59 @@ class Daemon:
     async def start(self) -> None:
         """Serve the control API, sync with etcd, then apply the sources and serve the push API."""
         push_api = self._push_api()
-        routes = healthcheck_routes(self.health, lambda owner: self.reconciler.store.get(owner) is not None)
+        routes = healthcheck_routes(
+            self.health, lambda owner: self.reconciler.store.get(owner) is not None, self._health_headers
+        )
         self._runners.append(await _serve(control_app(self.readiness, routes), self.settings.control.listen))
         logger.info("control server on http://{}", self.settings.control.listen)
         if push_api is not None:
             self._runners.append(await _serve(push_api, self.settings.api.listen))
             logger.info("push API on http://{}", self.settings.api.listen)
         await self.reconciler.start()
+        if self.shared is not None:
+            self._tasks.append(asyncio.create_task(self.shared.run_reader(), name="health-reader"))
+            self._tasks.append(asyncio.create_task(self.shared.run_publisher(), name="health-publisher"))
         self._tasks.append(asyncio.create_task(self._sources(), name="sources"))
+
+    def _health_headers(self) -> dict[str, str]:
+        # Which exporter's probes the answer reflects, and how old its newest document is.
+        if self.leadership is None:
+            return {}
+        if self.leadership.is_leader:
+            return {"X-Health-Leader": self.leadership.identity, "X-Health-Age": "0"}
+        leader, age = self.shared.leader_and_age() if self.shared else (None, None)
+        return {"X-Health-Leader": leader or "", "X-Health-Age": "" if age is None else f"{age:.1f}"}
+
+    def _leadership_changed(self, leader: bool) -> None:
+        # Probing, repair and the periodic reconcile follow leadership.
+        if self._stopping:
+            return
+        task = asyncio.create_task(self.health.start() if leader else self.health.stop())
+        self._tasks.append(task)
+        if leader:
+            self.reconciler.request_full()
 
     async def _sources(self) -> None:
         await self.reconciler.wait_synced()
-        await self.health.start()
+        if self.leadership is None:
+            await self.health.start()
+        else:
+            self._tasks.append(asyncio.create_task(self.leadership.run(), name="leadership"))
         self.files.adopt(self.reconciler.store.by_authority())
         await self.files.sync_all()
         self.sources_applied = True
         await self.files.follow(self.stop_event)
 
     async def stop(self) -> None:
-        """Stop accepting work, finish the transaction in flight, close everything."""
+        """Stop accepting work, finish the transaction in flight, hand leadership over, close everything."""
+        self._stopping = True
         self.stop_event.set()
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         await self.health.stop()
+        if self.leadership is not None:
+            await self.leadership.resign()
         await self.reconciler.stop()
         for runner in self._runners:
             await runner.cleanup()

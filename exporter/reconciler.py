@@ -85,6 +85,8 @@ class Reconciler:
         # Extra acceptance checks of a record (e.g. that a plugin provides its upstream kind).
         self.check_record: Callable[[Record], None] = lambda _record: None
         self.fence: Callable[[], Sequence[Compare]] = lambda: ()
+        # Only the leader repairs drift, reconciles periodically and writes health changes.
+        self.is_leader: Callable[[], bool] = lambda: True
         self._writer = Writer(etcd, observed, max_ops=max_ops, max_bytes=max_bytes, max_in_flight=max_in_flight)
         self._window = coalesce_window
         self._interval = reconcile_interval
@@ -313,6 +315,9 @@ class Reconciler:
         return owner
 
     async def _full_pass(self) -> None:
+        if not self.is_leader():
+            self._mark_synced()
+            return
         started = time.monotonic()
         expired = time.time() - self._tombstone_ttl
         view = dict(self.store.records)
@@ -329,6 +334,9 @@ class Reconciler:
         if not plan.empty:
             await self._apply(plan, {}, {u.owner: "reconcile" for u in plan.units if u.owner})
         metrics.RECONCILE_SECONDS.observe(time.monotonic() - started)
+        self._mark_synced()
+
+    def _mark_synced(self) -> None:
         self.status.full_passes += 1
         if not self.status.synced:
             self.status.synced = True
@@ -355,8 +363,10 @@ class Reconciler:
         by_owner: dict[Owner, list[Intent]] = {}
         for intent in intents:
             by_owner.setdefault(intent.owner, []).append(intent)
-        # Owners in request order (a request's ingresses stay together), then the dirty ones.
-        owners = list(dict.fromkeys([i.owner for i in intents] + list(dirty)))
+        # Owners in request order (a request's ingresses stay together), then the dirty ones
+        # (only the leader writes those).
+        leader = self.is_leader()
+        owners = list(dict.fromkeys([i.owner for i in intents] + (list(dirty) if leader else [])))
         for attempt in range(_MAX_CONFLICT_RETRIES):
             conflicted = await self._plan_and_apply(owners, by_owner, dirty)
             if not conflicted:
@@ -434,7 +444,19 @@ class Reconciler:
             for owner, intents in by_owner.items():
                 self._settle(owner, intents)
             return []
-        result = await self._writer.apply(list(groups.values()), self.fence())
+        # Requests are guarded by their record compares; everything else the leader writes on
+        # its own (repair, reconcile, health) is fenced by the election key too.
+        pushed = [g for key, g in groups.items() if key >= 0]
+        own = [g for key, g in groups.items() if key < 0]
+        results = await asyncio.gather(
+            self._writer.apply(pushed), self._writer.apply(own, self.fence()) if own else self._writer.apply([])
+        )
+        result = results[0]
+        result.committed += results[1].committed
+        result.conflicted += results[1].conflicted
+        result.failed += results[1].failed
+        result.error = result.error or results[1].error
+        result.revision = max(result.revision, results[1].revision)
         self.status.last_revision = max(self.status.last_revision, result.revision)
         for unit in result.committed:
             if unit.owner is None:

@@ -13,7 +13,7 @@ from ..health.engine import HealthEngine
 Owner = tuple[str, str]
 
 
-def _render(request: web.Request, entries: list[dict[str, Any]], title: str) -> web.Response:
+def _render(request: web.Request, entries: list[dict[str, Any]], title: str, headers: dict[str, str]) -> web.Response:
     if "text/html" in request.headers.get("Accept", ""):
         rows = []
         for entry in entries:
@@ -35,16 +35,21 @@ def _render(request: web.Request, entries: list[dict[str, Any]], title: str) -> 
             + "".join(rows)
             + "</tbody></table></body></html>"
         )
-        return web.Response(text=body, content_type="text/html")
+        return web.Response(text=body, content_type="text/html", headers=headers)
     # An empty list is `[]`, never `{}`.
-    return web.json_response(entries)
+    return web.json_response(entries, headers=headers)
 
 
-def healthcheck_routes(engine: HealthEngine, exists: Callable[[Owner], bool]) -> list[web.RouteDef]:
-    """The routes of the health views; `exists` tells whether an ingress is stored."""
+def healthcheck_routes(
+    engine: HealthEngine, exists: Callable[[Owner], bool], headers: Callable[[], dict[str, str]] = dict
+) -> list[web.RouteDef]:
+    """The routes of the health views; `exists` tells whether an ingress is stored.
+
+    `headers` adds `X-Health-Leader` and `X-Health-Age`: whose probes the data comes from.
+    """
 
     async def all_checkers(request: web.Request) -> web.Response:
-        return _render(request, engine.checkers(), "health checkers")
+        return _render(request, engine.checkers(), "health checkers", headers())
 
     async def one(request: web.Request) -> web.Response:
         owner = (request.match_info["authority"], request.match_info["id"])
@@ -57,7 +62,7 @@ def healthcheck_routes(engine: HealthEngine, exists: Callable[[Owner], bool]) ->
             return web.json_response(
                 {"type": "NotFound", "title": f"ingress {owner[0]}/{owner[1]} does not exist", "data": {}}, status=404
             )
-        return _render(request, engine.checkers(owner), f"health checkers of {owner[0]}/{owner[1]}")
+        return _render(request, engine.checkers(owner), f"health checkers of {owner[0]}/{owner[1]}", headers())
 
     return [
         web.get("/v1/healthcheck", all_checkers),

@@ -79,15 +79,20 @@ class KeyValue:
 
 @dataclass(frozen=True, slots=True)
 class Compare:
-    """A txn guard on mod_revision. `prefix=True` compares every key under `key` (one range compare)."""
+    """A txn guard on a key's mod_revision (or create_revision with `target="CREATE"`).
+
+    `prefix=True` compares every key under `key` (one range compare).
+    """
 
     key: str
     result: Literal["EQUAL", "LESS", "GREATER", "NOT_EQUAL"]
     mod_revision: int
     prefix: bool = False
+    target: Literal["MOD", "CREATE"] = "MOD"
 
     def to_json(self) -> dict[str, Any]:
-        out = {"key": _b64(self.key), "target": "MOD", "result": self.result, "mod_revision": str(self.mod_revision)}
+        field = "mod_revision" if self.target == "MOD" else "create_revision"
+        out = {"key": _b64(self.key), "target": self.target, "result": self.result, field: str(self.mod_revision)}
         if self.prefix:
             out["range_end"] = _b64_range_end(self.key)
         return out
@@ -95,15 +100,19 @@ class Compare:
 
 @dataclass(frozen=True, slots=True)
 class Op:
-    """A txn operation: put `value` at `key`, or delete `key` when `value` is None."""
+    """A txn operation: put `value` at `key` (attached to `lease` if set), or delete `key` when `value` is None."""
 
     key: str
     value: str | None
+    lease: int = 0
 
     def to_json(self) -> dict[str, Any]:
         if self.value is None:
             return {"request_delete_range": {"key": _b64(self.key)}}
-        return {"request_put": {"key": _b64(self.key), "value": _b64(self.value)}}
+        put = {"key": _b64(self.key), "value": _b64(self.value)}
+        if self.lease:
+            put["lease"] = str(self.lease)
+        return {"request_put": put}
 
     def size(self) -> int:
         """Approximate bytes this op adds to a request (base64 inflates by 4/3)."""
@@ -245,6 +254,21 @@ class EtcdClient:
         """Unguarded delete of one key (tests, tools); returns the new revision."""
         reply = await self._post("/v3/kv/deleterange", {"key": _b64(key)})
         return int(reply["header"]["revision"])
+
+    async def lease_grant(self, ttl: int) -> int:
+        """A new lease of `ttl` seconds; returns its ID."""
+        reply = await self._post("/v3/lease/grant", {"TTL": str(ttl)})
+        return int(reply["ID"])
+
+    async def lease_keepalive(self, lease: int) -> int:
+        """Refresh a lease; returns its remaining TTL (0: it expired)."""
+        reply = await self._post("/v3/lease/keepalive", {"ID": str(lease)})
+        result = reply.get("result", reply)
+        return int(result.get("TTL", 0))
+
+    async def lease_revoke(self, lease: int) -> None:
+        """Revoke a lease (its keys are deleted)."""
+        await self._post("/v3/lease/revoke", {"ID": str(lease)})
 
     async def revision(self) -> int:
         """The current revision of the store."""

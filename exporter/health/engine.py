@@ -24,6 +24,7 @@ from ..errors import ValidationFailed
 from ..ingress import Ingress, PluginUpstream
 from .checkers import CheckerKind, CheckerTarget, Node
 from .probes import http_probe, tcp_probe
+from .shared import SharedHealth
 from .state import NodeHealth, State, Thresholds
 
 Owner = tuple[str, str]
@@ -60,6 +61,8 @@ class HealthEngine:
         self._limit = asyncio.Semaphore(concurrency)
         self._checked: dict[Owner, dict[str, _Checked]] = {}
         self._running = False
+        # Set on every exporter sharing a root: followers read the leader's states from it.
+        self.shared: SharedHealth | None = None
 
     # ----- targets
 
@@ -107,10 +110,22 @@ class HealthEngine:
         if new:
             self._checked[owner] = new
         self._count_states()
+        if self._running and self.shared is not None and (old or ingress is None):
+            self.shared.publish([owner])
 
     def ejected(self, owner: Owner, ingress: Ingress) -> frozenset[str]:
-        """URLs that must not receive traffic: nodes not routed, and checked nodes not probed yet."""
+        """URLs that must not receive traffic: nodes not routed, and checked nodes not probed yet.
+
+        An exporter that is not probing (a follower) uses the states the leader published.
+        """
         out: set[str] = set()
+        if not self._running and self.shared is not None:
+            published = (self.shared.docs.get(owner) or {}).get("nodes", {})
+            for target in self.targets_of(ingress):
+                for node in target.nodes:
+                    if published.get(node.url, {}).get("status") not in (State.HEALTHY.value, State.MOSTLY_HEALTHY.value):
+                        out.add(node.url)
+            return frozenset(out)
         known = self._checked.get(owner, {})
         for target in self.targets_of(ingress):
             checked = known.get(target.name)
@@ -123,15 +138,45 @@ class HealthEngine:
     # ----- probing
 
     async def start(self) -> None:
-        """Start probing every known target."""
+        """Start probing every known target, from the published states when there are any."""
+        self._adopt_published()
         self._running = True
         for owner, targets in self._checked.items():
             for name, checked in targets.items():
                 if checked.task is None:
                     checked.task = asyncio.create_task(self._run(owner, name), name=f"probe {name}")
 
+    def _adopt_published(self) -> None:
+        # A new leader continues from its predecessor's states: no burst of spurious ejections.
+        if self.shared is None:
+            return
+        now = self._clock()
+        for owner, targets in self._checked.items():
+            published = (self.shared.docs.get(owner) or {}).get("nodes", {})
+            for checked in targets.values():
+                for url, health in checked.nodes.items():
+                    state = published.get(url)
+                    if state is None:
+                        continue
+                    health.state = State(state["status"])
+                    for name, value in state.get("counter", {}).items():
+                        setattr(health, name, int(value))
+                    health.added_at = min(health.added_at, now - checked.target.check.initial_delay)
+
+    def document(self, owner: Owner) -> dict[str, Any] | None:
+        """What the leader publishes for one ingress (None: it has no checkers)."""
+        targets = self._checked.get(owner)
+        if not targets:
+            return None
+        nodes = {
+            url: {"status": health.state.value, "counter": health.counter()}
+            for checked in targets.values()
+            for url, health in checked.nodes.items()
+        }
+        return {"checkers": self._local_checkers(owner), "nodes": nodes}
+
     async def stop(self) -> None:
-        """Stop every probe task."""
+        """Stop every probe task (states are kept)."""
         self._running = False
         tasks = [c.task for t in self._checked.values() for c in t.values() if c.task is not None]
         for task in tasks:
@@ -171,6 +216,8 @@ class HealthEngine:
             if changed:
                 self._count_states()
                 self._on_change([owner])
+                if self.shared is not None:
+                    self.shared.publish([owner])
             due += check.interval * random.uniform(0.95, 1.05)
             due = max(due, self._clock())
 
@@ -193,35 +240,40 @@ class HealthEngine:
 
     # ----- views
 
-    def has(self, owner: Owner) -> bool:
-        """True when the ingress has checkers."""
-        return owner in self._checked
-
     def checkers(self, owner: Owner | None = None) -> list[dict[str, Any]]:
-        """Checker entries in the APISIX /v1/healthcheck shape, ordered by name."""
+        """Checker entries in the APISIX /v1/healthcheck shape, ordered by name.
+
+        A follower reports what the leader published, so every exporter answers the same.
+        """
+        if not self._running and self.shared is not None:
+            docs = self.shared.docs
+            owners = [owner] if owner is not None else sorted(docs)
+            return [entry for o in owners for entry in (docs.get(o) or {}).get("checkers", [])]
         owners = [owner] if owner is not None else sorted(self._checked)
+        return [entry for o in owners for entry in self._local_checkers(o)]
+
+    def _local_checkers(self, o: Owner) -> list[dict[str, Any]]:
         out = []
-        for o in owners:
-            for name, checked in sorted(self._checked.get(o, {}).items()):
-                target = checked.target
-                entry: dict[str, Any] = {
-                    "name": name,
-                    "type": target.check.type,
-                    "nodes": [
-                        {
-                            "ip": node.ip,
-                            "port": node.port,
-                            "hostname": node.ip,
-                            "status": checked.nodes[node.url].state.value,
-                            "counter": checked.nodes[node.url].counter(),
-                        }
-                        for node in target.nodes
-                        if node.url in checked.nodes
-                    ],
-                }
-                if target.plugin is not None:
-                    entry["plugin"] = target.plugin
-                    entry["meta"] = target.meta if target.meta is not None else {}
-                out.append(entry)
+        for name, checked in sorted(self._checked.get(o, {}).items()):
+            target = checked.target
+            entry: dict[str, Any] = {
+                "name": name,
+                "type": target.check.type,
+                "nodes": [
+                    {
+                        "ip": node.ip,
+                        "port": node.port,
+                        "hostname": node.ip,
+                        "status": checked.nodes[node.url].state.value,
+                        "counter": checked.nodes[node.url].counter(),
+                    }
+                    for node in target.nodes
+                    if node.url in checked.nodes
+                ],
+            }
+            if target.plugin is not None:
+                entry["plugin"] = target.plugin
+                entry["meta"] = target.meta if target.meta is not None else {}
+            out.append(entry)
         return out
 
