@@ -417,9 +417,11 @@ class Reconciler:
         metrics.PLAN_CHANGES.observe(len(plan.changes()))
         groups: dict[int, list[UnitPlan]] = {}
         planned = set()
+        first_group = min((i[0].group for i in by_owner.values() if i), default=-1)
         for n, unit in enumerate(plan.units):
             intents = by_owner.get(unit.owner, []) if unit.owner else []
-            group = intents[0].group if intents else -1 - n
+            # A root's own keys ride with the first request (create-only: no fence needed).
+            group = intents[0].group if intents else (first_group if unit.owner is None and first_group >= 0 else -1 - n)
             groups.setdefault(group, []).append(unit)
             planned.add(unit.owner)
         # Intents whose ingress needs no change are committed already.
