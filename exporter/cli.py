@@ -11,7 +11,7 @@ from loguru import logger
 
 from .config import Settings, load_settings
 from .errors import ExporterError, StaleRevisionError
-from .etcd.client import EtcdClient, EtcdError
+from .etcd.client import EtcdError
 from .plan.format import format_plan
 from .plan.plan import Plan
 from .store.records import Record
@@ -37,9 +37,9 @@ def _file_records(settings: Settings, extra: list[str]) -> list[Record]:
 
 
 async def _diff(settings: Settings) -> tuple[Plan, list[str]]:
-    from .daemon import build_reconciler
+    from .daemon import build_reconciler, etcd_client
 
-    async with EtcdClient(settings.etcd.endpoints, settings.etcd.timeout, settings.etcd.page_size) as etcd:
+    async with etcd_client(settings) as etcd:
         reconciler = build_reconciler(settings, etcd, dry_run=True)
         await reconciler.load()
         files = _file_records(settings, [])

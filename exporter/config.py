@@ -37,6 +37,13 @@ class EtcdSettings(_Section):
         default=1_000_000, ge=16_384, description="bytes per txn, below etcd --max-request-bytes"
     )
     page_size: int = Field(default=5000, ge=100, description="keys per paged range read")
+    ca_file: Path | None = Field(default=None, description="CA bundle that signed etcd's server certificate (https endpoints)")
+    cert_file: Path | None = Field(default=None, description="client certificate for etcd --client-cert-auth")
+    key_file: Path | None = Field(default=None, description="its private key")
+    server_name: str | None = Field(default=None, description="name to verify in etcd's certificate (default: the endpoint host)")
+    username: str | None = Field(default=None, description="etcd user (auth enabled)")
+    password: SecretStr | None = Field(default=None, description="its password (use EXPORTER_ETCD__PASSWORD)")
+    password_file: Path | None = Field(default=None, description="file holding the password")
 
     @field_validator("endpoints")
     @classmethod
@@ -219,6 +226,14 @@ class Settings(BaseSettings):
         """The Traefik rootKey of one authority."""
         return self.root_key.replace("{authority}", authority)
 
+    def etcd_password(self) -> str | None:
+        """The etcd password from `etcd.password` (env) or `etcd.password_file`."""
+        if self.etcd.password is not None:
+            return self.etcd.password.get_secret_value()
+        if self.etcd.password_file is not None:
+            return self.etcd.password_file.read_text().strip()
+        return None
+
     def api_token(self) -> str | None:
         """The push API token from `api.token` (env) or `api.token_file`."""
         if self.api.token is not None:
@@ -270,6 +285,9 @@ def _resolve_paths(settings: Settings, base: Path) -> Settings:
         settings.templates.dir = rel(settings.templates.dir) or settings.templates.dir
     if settings.api.token_file is not None:
         settings.api.token_file = rel(settings.api.token_file) or settings.api.token_file
+    for name in ("ca_file", "cert_file", "key_file", "password_file"):
+        value = getattr(settings.etcd, name)
+        setattr(settings.etcd, name, rel(value) or value)
     settings.tls.cert_file = rel(settings.tls.cert_file) or settings.tls.cert_file
     settings.tls.key_file = rel(settings.tls.key_file) or settings.tls.key_file
     return settings

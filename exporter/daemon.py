@@ -16,7 +16,7 @@ from .health.engine import HealthEngine
 from .health.kinds import BUILTIN
 from .health.shared import SharedHealth
 from .leader import Leadership
-from .etcd.client import EtcdClient
+from .etcd.client import EtcdClient, EtcdSecurity
 from .plan.observed import Observed
 from .plan.planner import Planner
 from .reconciler import Reconciler
@@ -25,6 +25,20 @@ from .render.root_keys import load_certificate
 from .errors import ConfigError
 from .sources.api import is_loopback, push_api_app
 from .sources.files import IngressFiles
+
+
+def etcd_client(settings: Settings) -> EtcdClient:
+    """The etcd client the settings describe (endpoints, TLS, auth)."""
+    e = settings.etcd
+    security = EtcdSecurity(
+        ca_file=str(e.ca_file) if e.ca_file else None,
+        cert_file=str(e.cert_file) if e.cert_file else None,
+        key_file=str(e.key_file) if e.key_file else None,
+        server_name=e.server_name,
+        username=e.username,
+        password=settings.etcd_password(),
+    )
+    return EtcdClient(e.endpoints, e.timeout, e.page_size, security)
 
 
 def build_reconciler(settings: Settings, etcd: EtcdClient, dry_run: bool = False) -> Reconciler:
@@ -59,7 +73,7 @@ class Daemon:
 
     def __init__(self, settings: Settings, dry_run: bool = False) -> None:
         self.settings = settings
-        self.etcd = EtcdClient(settings.etcd.endpoints, settings.etcd.timeout, settings.etcd.page_size)
+        self.etcd = etcd_client(settings)
         self.reconciler = build_reconciler(settings, self.etcd, dry_run)
         self.health = HealthEngine(
             load_kinds(BUILTIN), lambda owners: self.reconciler.mark_dirty(owners, "health"),

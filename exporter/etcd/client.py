@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+import ssl
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -156,15 +157,41 @@ class RangePage:
     revision: int = 0
 
 
+@dataclass(frozen=True)
+class EtcdSecurity:
+    """TLS towards etcd (CA bundle, client certificate, server name) and username/password auth."""
+
+    ca_file: str | None = None
+    cert_file: str | None = None
+    key_file: str | None = None
+    server_name: str | None = None
+    username: str | None = None
+    password: str | None = field(default=None, repr=False)
+
+    def ssl_context(self) -> ssl.SSLContext | None:
+        """The client TLS context, or None when nothing TLS-related is configured."""
+        if not (self.ca_file or self.cert_file):
+            return None
+        context = ssl.create_default_context(cafile=self.ca_file)
+        if self.cert_file:
+            context.load_cert_chain(self.cert_file, self.key_file)
+        return context
+
+
 class EtcdClient:
     """Range, txn and watch against one etcd gateway endpoint (the first that answers)."""
 
-    def __init__(self, endpoints: Sequence[str], timeout: float = 5.0, page_size: int = 5000) -> None:
+    def __init__(
+        self, endpoints: Sequence[str], timeout: float = 5.0, page_size: int = 5000, security: EtcdSecurity | None = None
+    ) -> None:
         self._endpoints = list(endpoints)
         self._current = 0
         self._timeout = timeout
         self._page_size = page_size
         self._session: aiohttp.ClientSession | None = None
+        self._security = security or EtcdSecurity()
+        self._ssl = self._security.ssl_context()
+        self._token: str | None = None
 
     async def __aenter__(self) -> EtcdClient:
         return self
@@ -175,10 +202,35 @@ class EtcdClient:
     def _http(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
             self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=64),
+                connector=aiohttp.TCPConnector(limit=64, ssl=self._ssl if self._ssl is not None else True),
                 timeout=aiohttp.ClientTimeout(total=self._timeout),
             )
         return self._session
+
+    def _request_kwargs(self) -> dict[str, Any]:
+        kwargs: dict[str, Any] = {}
+        if self._token is not None:
+            kwargs["headers"] = {"Authorization": self._token}
+        if self._security.server_name:
+            kwargs["server_hostname"] = self._security.server_name
+        return kwargs
+
+    async def _authenticate(self) -> None:
+        # Simple and JWT tokens expire (--auth-token-ttl): a new one is fetched whenever etcd
+        # rejects the current one, so an idle exporter never loses its writes.
+        sec = self._security
+        self._token = None
+        url = self._endpoints[self._current] + "/v3/auth/authenticate"
+        try:
+            async with self._http().post(url, json={"name": sec.username, "password": sec.password}, **self._request_kwargs()) as resp:
+                payload = await resp.read()
+                if resp.status != 200:
+                    raise EtcdError(
+                        f"etcd authentication failed for user {sec.username!r}: {_error_text(payload, resp.status)}"
+                    )
+                self._token = json.loads(payload)["token"]
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+            raise _connection_error(url, exc) from None
 
     async def close(self) -> None:
         """Close the HTTP session."""
@@ -193,18 +245,28 @@ class EtcdClient:
 
     async def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         last: EtcdError | None = None
-        for attempt in range(len(self._endpoints)):
+        reauthenticated = False
+        attempt = 0
+        while attempt < len(self._endpoints):
             url = self._endpoints[self._current] + path
             try:
-                async with self._http().post(url, json=body) as resp:
+                if self._security.username and self._token is None:
+                    await self._authenticate()
+                async with self._http().post(url, json=body, **self._request_kwargs()) as resp:
                     payload = await resp.read()
                     if resp.status != 200:
-                        raise EtcdError(_error_text(payload, resp.status), status=resp.status)
+                        error = EtcdError(_error_text(payload, resp.status), status=resp.status)
+                        if self._security.username and not reauthenticated and _token_rejected(resp.status, payload):
+                            reauthenticated = True
+                            self._token = None
+                            continue
+                        raise error
                     result: dict[str, Any] = json.loads(payload)
                     return result
             except (aiohttp.ClientConnectionError, asyncio.TimeoutError, OSError) as exc:
-                last = EtcdError(f"etcd at {url} unreachable: {type(exc).__name__} {exc}".strip(), unavailable=True)
+                last = _connection_error(url, exc)
                 self._current = (self._current + 1) % len(self._endpoints)
+                attempt += 1
         assert last is not None
         raise last
 
@@ -292,8 +354,10 @@ class EtcdClient:
         }
         url = self._endpoints[self._current] + "/v3/watch"
         timeout = aiohttp.ClientTimeout(total=None, sock_read=idle_timeout, connect=self._timeout)
+        if self._security.username:
+            await self.revision()  # refreshes the token if it expired
         try:
-            async with self._http().post(url, json=body, timeout=timeout) as resp:
+            async with self._http().post(url, json=body, timeout=timeout, **self._request_kwargs()) as resp:
                 if resp.status != 200:
                     raise EtcdError(_error_text(await resp.read(), resp.status), status=resp.status)
                 while line := await resp.content.readline(max_line_length=_MAX_WATCH_LINE):
@@ -323,6 +387,23 @@ def _kv(raw: dict[str, Any]) -> KeyValue:
         mod_revision=int(raw.get("mod_revision", 0)),
         create_revision=int(raw.get("create_revision", 0)),
     )
+
+
+def _token_rejected(status: int, payload: bytes) -> bool:
+    text = payload.decode(errors="replace").lower()
+    return status == 401 or "invalid auth token" in text or "token" in text and "expired" in text
+
+
+def _connection_error(url: str, exc: BaseException) -> EtcdError:
+    """An unreachable etcd, with the TLS cause named when there is one."""
+    text = str(exc)
+    if isinstance(exc, aiohttp.ClientConnectorCertificateError) or "CERTIFICATE_VERIFY_FAILED" in text:
+        cause = "TLS verification of etcd's certificate failed (wrong CA bundle or server name?)"
+    elif "certificate required" in text.lower() or "bad certificate" in text.lower() or "unknown ca" in text.lower():
+        cause = "etcd rejected the TLS handshake (client certificate missing or not signed by etcd's CA)"
+    else:
+        cause = f"unreachable: {type(exc).__name__} {text}".strip()
+    return EtcdError(f"etcd at {url} {cause}", unavailable=True)
 
 
 def _error_text(payload: bytes, status: int) -> str:
