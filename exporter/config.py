@@ -81,6 +81,8 @@ class ApiSettings(_Section):
     allow_unauthenticated_loopback: bool = Field(
         default=False, description="serve the push API without a token (only on a loopback address)"
     )
+    tls_cert_file: Path | None = Field(default=None, description="serve HTTPS with this PEM certificate (chain)")
+    tls_key_file: Path | None = Field(default=None, description="and this private key")
 
     @field_validator("listen")
     @classmethod
@@ -94,6 +96,8 @@ class ControlSettings(_Section):
     """The monitoring endpoints (/healthz, /readyz, /metrics, /v1/healthcheck)."""
 
     listen: str = Field(default="127.0.0.1:8571", description="host:port of /healthz, /readyz, /metrics")
+    tls_cert_file: Path | None = Field(default=None, description="serve HTTPS with this PEM certificate (chain)")
+    tls_key_file: Path | None = Field(default=None, description="and this private key")
 
     @field_validator("listen")
     @classmethod
@@ -288,6 +292,9 @@ def _resolve_paths(settings: Settings, base: Path) -> Settings:
     for name in ("ca_file", "cert_file", "key_file", "password_file"):
         value = getattr(settings.etcd, name)
         setattr(settings.etcd, name, rel(value) or value)
+    for section in (settings.api, settings.control):
+        section.tls_cert_file = rel(section.tls_cert_file) or section.tls_cert_file
+        section.tls_key_file = rel(section.tls_key_file) or section.tls_key_file
     settings.tls.cert_file = rel(settings.tls.cert_file) or settings.tls.cert_file
     settings.tls.key_file = rel(settings.tls.key_file) or settings.tls.key_file
     return settings

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import ssl
+from pathlib import Path
 
 from aiohttp import web
 from loguru import logger
@@ -60,11 +62,19 @@ def build_reconciler(settings: Settings, etcd: EtcdClient, dry_run: bool = False
     )
 
 
-async def _serve(app: web.Application, listen: str) -> web.AppRunner:
+def _server_tls(cert_file: Path | None, key_file: Path | None) -> ssl.SSLContext | None:
+    if cert_file is None:
+        return None
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(str(cert_file), str(key_file) if key_file else None)
+    return context
+
+
+async def _serve(app: web.Application, listen: str, tls: ssl.SSLContext | None = None) -> web.AppRunner:
     host, _, port = listen.rpartition(":")
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
-    await web.TCPSite(runner, host, int(port)).start()
+    await web.TCPSite(runner, host, int(port), ssl_context=tls).start()
     return runner
 
 
@@ -141,11 +151,14 @@ class Daemon:
         routes = healthcheck_routes(
             self.health, lambda owner: self.reconciler.store.get(owner) is not None, self._health_headers
         )
-        self._runners.append(await _serve(control_app(self.readiness, routes), self.settings.control.listen))
-        logger.info("control server on http://{}", self.settings.control.listen)
+        control, api = self.settings.control, self.settings.api
+        control_tls = _server_tls(control.tls_cert_file, control.tls_key_file)
+        self._runners.append(await _serve(control_app(self.readiness, routes), control.listen, control_tls))
+        logger.info("control server on {}://{}", "https" if control_tls else "http", control.listen)
         if push_api is not None:
-            self._runners.append(await _serve(push_api, self.settings.api.listen))
-            logger.info("push API on http://{}", self.settings.api.listen)
+            api_tls = _server_tls(api.tls_cert_file, api.tls_key_file)
+            self._runners.append(await _serve(push_api, api.listen, api_tls))
+            logger.info("push API on {}://{}", "https" if api_tls else "http", api.listen)
         await self.reconciler.start()
         if self.shared is not None:
             self._tasks.append(asyncio.create_task(self.shared.run_reader(), name="health-reader"))

@@ -14,14 +14,17 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import aiohttp
 import pytest
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
+from pydantic import SecretStr
+
 from exporter.config import Settings
-from exporter.daemon import build_reconciler, etcd_client
+from exporter.daemon import Daemon, build_reconciler, etcd_client
 from exporter.embedded import etcd_binary, free_port
 from tests.helpers import record, uid
 
@@ -172,3 +175,28 @@ async def test_clear_errors_for_wrong_ca_wrong_password_and_missing_client_certi
     assert wrong_pw.returncode == 1 and "authentication failed for user 'root'" in wrong_pw.stderr, wrong_pw.stderr
     for result in (ok, wrong_ca, no_cert, wrong_pw):
         assert PASSWORD not in result.stderr + result.stdout and "not-the-password" not in result.stderr
+
+
+async def test_push_and_control_apis_serve_https_on_separate_addresses(secure_etcd: SecureEtcd, tmp_path: Path) -> None:
+    """The server certificate of the test PKI (for 127.0.0.1) serves both APIs over TLS."""
+    s = settings(secure_etcd)
+    pem, key = secure_etcd.pki / "good-server.pem", secure_etcd.pki / "good-server.key"
+    s.api.listen, s.control.listen = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
+    s.api.token = SecretStr("https-token")
+    s.api.tls_cert_file = s.control.tls_cert_file = pem
+    s.api.tls_key_file = s.control.tls_key_file = key
+    s.leader.enabled = False
+    daemon = Daemon(s)
+    await daemon.start()
+    context = ssl.create_default_context(cafile=str(secure_etcd.pki / "good-ca.pem"))
+    try:
+        async with aiohttp.ClientSession() as http:
+            async with http.get(f"https://{s.control.listen}/healthz", ssl=context) as resp:
+                assert resp.status == 200
+            async with http.get(f"https://{s.api.listen}/v2/ingress", ssl=context, headers={"Authorization": "Bearer https-token"}) as resp:
+                assert resp.status in (200, 503)
+            with pytest.raises(aiohttp.ClientError):
+                async with http.get(f"http://{s.api.listen}/v2/ingress"):
+                    pass
+    finally:
+        await daemon.stop()
