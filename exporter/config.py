@@ -70,7 +70,22 @@ class TemplatesSettings(_Section):
     dir: Path | None = Field(default=None, description="directory whose *.json.j2 files override the built-in templates")
 
 
-class ApiSettings(_Section):
+class _Server(_Section):
+    """An HTTP(S) server: where it listens and, optionally, its TLS certificate."""
+
+    listen: str
+    tls_cert_file: Path | None = Field(default=None, description="serve HTTPS with this PEM certificate (chain)")
+    tls_key_file: Path | None = Field(default=None, description="and this private key")
+
+    @field_validator("listen")
+    @classmethod
+    def _listen(cls, value: str) -> str:
+        if not _LISTEN_RE.match(value):
+            raise ValueError("must be host:port")
+        return value
+
+
+class ApiSettings(_Server):
     """The coordinator push API."""
 
     enabled: bool = Field(default=True, description="serve the push API (off: ingress files only)")
@@ -81,30 +96,12 @@ class ApiSettings(_Section):
     allow_unauthenticated_loopback: bool = Field(
         default=False, description="serve the push API without a token (only on a loopback address)"
     )
-    tls_cert_file: Path | None = Field(default=None, description="serve HTTPS with this PEM certificate (chain)")
-    tls_key_file: Path | None = Field(default=None, description="and this private key")
-
-    @field_validator("listen")
-    @classmethod
-    def _listen(cls, value: str) -> str:
-        if not _LISTEN_RE.match(value):
-            raise ValueError("must be host:port")
-        return value
 
 
-class ControlSettings(_Section):
+class ControlSettings(_Server):
     """The monitoring endpoints (/healthz, /readyz, /metrics, /v1/healthcheck)."""
 
     listen: str = Field(default="127.0.0.1:8571", description="host:port of /healthz, /readyz, /metrics")
-    tls_cert_file: Path | None = Field(default=None, description="serve HTTPS with this PEM certificate (chain)")
-    tls_key_file: Path | None = Field(default=None, description="and this private key")
-
-    @field_validator("listen")
-    @classmethod
-    def _listen(cls, value: str) -> str:
-        if not _LISTEN_RE.match(value):
-            raise ValueError("must be host:port")
-        return value
 
 
 class WriterSettings(_Section):

@@ -100,6 +100,7 @@ class Daemon:
             self.shared.fence = self.leadership.fence
             self.shared.document = self.health.document
             self.health.shared = self.shared
+            self.health.rendered_urls = self._rendered_urls
             self.reconciler.fence = self.leadership.fence
             leadership = self.leadership
             self.reconciler.is_leader = lambda: leadership.is_leader
@@ -165,6 +166,11 @@ class Daemon:
             self._tasks.append(asyncio.create_task(self.shared.run_publisher(), name="health-publisher"))
         self._tasks.append(asyncio.create_task(self._sources(), name="sources"))
 
+    def _rendered_urls(self, owner: tuple[str, str]) -> set[str]:
+        root = self.reconciler.planner.renderer.root_for(owner[0])
+        objects = self.reconciler.observed.objects_of(owner, root)
+        return {value for keys in objects.values() for key, (value, _mod) in keys.items() if key.endswith("/url")}
+
     def _health_headers(self) -> dict[str, str]:
         # Which exporter's probes the answer reflects, and how old its newest document is.
         if self.leadership is None:
@@ -178,10 +184,12 @@ class Daemon:
         # Probing, repair and the periodic reconcile follow leadership.
         if self._stopping:
             return
-        task = asyncio.create_task(self.health.start() if leader else self.health.stop())
-        self._tasks.append(task)
-        if leader:
-            self.reconciler.request_full()
+        self._tasks.append(asyncio.create_task(self._lead() if leader else self.health.stop()))
+
+    async def _lead(self) -> None:
+        # Probing starts from the published states before the first leader-only pass plans.
+        await self.health.start()
+        self.reconciler.request_full()
 
     async def _sources(self) -> None:
         await self.reconciler.wait_synced()

@@ -372,7 +372,11 @@ class Reconciler:
             if not conflicted:
                 return
             await self._refresh(conflicted)
-            owners = list(dict.fromkeys(u.owner for u in conflicted if u.owner is not None))
+            owners = list(
+                dict.fromkeys(
+                    u.owner for u in conflicted if u.owner is not None and (u.owner in by_owner or self.is_leader())
+                )
+            )
             by_owner = {o: [i for i in by_owner.get(o, []) if not i.future.done()] for o in owners}
             logger.info("re-planning {} ingresses after a compare failed (attempt {})", len(owners), attempt + 1)
         for intent in intents:
@@ -430,6 +434,9 @@ class Reconciler:
                 self._settle(owner, intents)
         if plan.empty:
             return []
+        if not self.is_leader():
+            # Followers write only what requests ask for; the leader makes every other change.
+            plan.units = [u for u in plan.units if u.owner in by_owner or u.owner is None]
         for unit in plan.units:
             reason = reasons.get(unit.owner) if unit.owner else "reconcile"
             if unit.owner in by_owner or reason is None:
@@ -450,6 +457,10 @@ class Reconciler:
         # its own (repair, reconcile, health) is fenced by the election key too.
         pushed = [g for key, g in groups.items() if key >= 0]
         own = [g for key, g in groups.items() if key < 0]
+        if own and not self.is_leader():
+            # Deposed while planning (e.g. between two conflict retries): leader-only changes
+            # are dropped, never written unfenced. The new leader makes them.
+            own = []
         results = await asyncio.gather(
             self._writer.apply(pushed), self._writer.apply(own, self.fence()) if own else self._writer.apply([])
         )
@@ -578,7 +589,8 @@ class Reconciler:
             if key.startswith(self.records_prefix + "/"):
                 owner = self._adopt_record(key, value)
             else:
-                logger.warning("key {} changed by another writer at revision {}", key, event.mod_revision)
+                # Peers (other sidecars) write these keys too: only a repair is worth an INFO line.
+                logger.debug("key {} changed by another writer at revision {}", key, event.mod_revision)
                 owner = self.observed.owner_of_key(key)
             if owner is not None:
                 changed.add(owner)

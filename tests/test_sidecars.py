@@ -144,15 +144,21 @@ async def test_identical_pushes_to_three_sidecars_cost_what_one_costs(group: Gro
         await eventually(lambda: _status_via(http, traefik, iid, 502))
 
 
-async def test_sigkill_the_leader_a_successor_takes_over_and_still_ejects(
-    group: Group, etcd_client: EtcdClient, http, backends
-) -> None:
+async def checked_ingress(http: aiohttp.ClientSession, sidecar: Sidecar, client: EtcdClient, backends: list[Backend]) -> tuple[str, Backend, Backend]:
+    """Two backends behind one health-checked ingress, pushed to `sidecar` and in place."""
     a, b = await Backend("a").start(), await Backend("b").start()
     backends.extend([a, b])
     iid = uid()
     health = {"enable": True, "interval": 0.3, "max_retries": 2, "max_wait_time": 0.5, "initial_delay": 0}
-    assert await push(http, group.sidecars[0], ing(iid, {"servers": [{"url": a.url}, {"url": b.url}]}, health=health)) == 204
-    await eventually(lambda: _urls_are(etcd_client, iid, {a.url, b.url}), timeout=20)
+    assert await push(http, sidecar, ing(iid, {"servers": [{"url": a.url}, {"url": b.url}]}, health=health)) == 204
+    await eventually(lambda: _urls_are(client, iid, {a.url, b.url}), timeout=20)
+    return iid, a, b
+
+
+async def test_sigkill_the_leader_a_successor_takes_over_and_still_ejects(
+    group: Group, etcd_client: EtcdClient, http, backends
+) -> None:
+    iid, a, b = await checked_ingress(http, group.sidecars[0], etcd_client, backends)
     leader = await eventually(lambda: leader_of(etcd_client, group))
     leader.proc.send_signal(signal.SIGKILL)
     killed = time.monotonic()
@@ -160,6 +166,9 @@ async def test_sigkill_the_leader_a_successor_takes_over_and_still_ejects(
     took = time.monotonic() - killed
     assert took <= TTL + 1, f"takeover after {took:.2f}s"
     assert successor is not leader
+    # The successor starts from the published health: no spurious ejection at takeover.
+    await eventually(lambda: _health_leader_is(http, successor), timeout=5)
+    assert await _urls_are(etcd_client, iid, {a.url, b.url})
     await b.stop()
     await eventually(lambda: _urls_are(etcd_client, iid, {a.url}), timeout=10)
 
@@ -167,12 +176,7 @@ async def test_sigkill_the_leader_a_successor_takes_over_and_still_ejects(
 async def test_a_paused_leader_commits_nothing_after_losing_its_lease_then_follows(
     group: Group, etcd_client: EtcdClient, http, backends
 ) -> None:
-    a, b = await Backend("a").start(), await Backend("b").start()
-    backends.extend([a, b])
-    iid = uid()
-    health = {"enable": True, "interval": 0.3, "max_retries": 2, "max_wait_time": 0.5, "initial_delay": 0}
-    assert await push(http, group.sidecars[1], ing(iid, {"servers": [{"url": a.url}, {"url": b.url}]}, health=health)) == 204
-    await eventually(lambda: _urls_are(etcd_client, iid, {a.url, b.url}), timeout=20)
+    iid, a, b = await checked_ingress(http, group.sidecars[1], etcd_client, backends)
     old = await eventually(lambda: leader_of(etcd_client, group))
     before = await committed_txns(http, old)
     old.proc.send_signal(signal.SIGSTOP)
@@ -192,11 +196,7 @@ async def test_a_paused_leader_commits_nothing_after_losing_its_lease_then_follo
 
 
 async def test_every_sidecar_reports_the_same_health(group: Group, etcd_client: EtcdClient, http, backends) -> None:
-    a, b = await Backend("a").start(), await Backend("b").start()
-    backends.extend([a, b])
-    iid = uid()
-    health = {"enable": True, "interval": 0.3, "max_retries": 2, "max_wait_time": 0.5, "initial_delay": 0}
-    assert await push(http, group.sidecars[2], ing(iid, {"servers": [{"url": a.url}, {"url": b.url}]}, health=health)) == 204
+    iid, a, b = await checked_ingress(http, group.sidecars[2], etcd_client, backends)
     await eventually(lambda: _agree(http, group, iid, {"healthy"}), timeout=20)
     await b.stop()
     await eventually(lambda: _agree(http, group, iid, {"healthy", "unhealthy"}), timeout=20)
@@ -214,6 +214,11 @@ async def _agree(http: aiohttp.ClientSession, group: Group, iid: str, statuses: 
             answers.append(await resp.json())
     nodes = [{(n["port"], n["status"]) for e in answer for n in e["nodes"]} for answer in answers]
     return all(n == nodes[0] for n in nodes) and {s for _, s in nodes[0]} == statuses and len(nodes[0]) == 2
+
+
+async def _health_leader_is(http: aiohttp.ClientSession, sidecar: Sidecar) -> bool:
+    async with http.get(f"{sidecar.control}/v1/healthcheck") as resp:
+        return f":{sidecar.pid}:" in resp.headers.get("X-Health-Leader", "")
 
 
 async def _is_follower(http: aiohttp.ClientSession, sidecar: Sidecar) -> bool:

@@ -63,6 +63,8 @@ class HealthEngine:
         self._running = False
         # Set on every exporter sharing a root: followers read the leader's states from it.
         self.shared: SharedHealth | None = None
+        # The server URLs an ingress's load balancers hold in etcd right now.
+        self.rendered_urls: Callable[[Owner], set[str]] = lambda _owner: set()
 
     # ----- targets
 
@@ -153,10 +155,16 @@ class HealthEngine:
         now = self._clock()
         for owner, targets in self._checked.items():
             published = (self.shared.docs.get(owner) or {}).get("nodes", {})
+            rendered = self.rendered_urls(owner)
             for checked in targets.values():
                 for url, health in checked.nodes.items():
                     state = published.get(url)
                     if state is None:
+                        # Not published yet (the old leader died right after a change): a server
+                        # that is in the load balancer now stays there until probes say otherwise.
+                        if url in rendered:
+                            health.state = State.HEALTHY
+                            health.added_at = min(health.added_at, now - checked.target.check.initial_delay)
                         continue
                     health.state = State(state["status"])
                     for name, value in state.get("counter", {}).items():
