@@ -83,7 +83,6 @@ class EmbeddedEtcd(Child):
     """etcd listening on `client_port` of 127.0.0.1."""
 
     client_port: int = 0
-    data_dir: Path = field(default_factory=Path)
     args: list[str] = field(default_factory=list)
 
     @property
@@ -117,7 +116,7 @@ def start_etcd(workdir: Path, extra_args: list[str] | None = None, timeout: floa
         *(extra_args or []),
     ]  # fmt: skip
     proc = subprocess.Popen(args, stdout=log.open("ab"), stderr=subprocess.STDOUT)
-    etcd = EmbeddedEtcd(proc=proc, log=log, client_port=client, data_dir=data, args=args)
+    etcd = EmbeddedEtcd(proc=proc, log=log, client_port=client, args=args)
     _wait_http(etcd.url + "/health", time.monotonic() + timeout, proc, "etcd", log)
     return etcd
 

@@ -137,6 +137,8 @@ async def test_etcd_stopped_during_a_burst_every_change_lands(tmp_path: Path, ht
             urls = [kv.value for kv in kvs if kv.key.endswith("/url")]
             assert urls == [new.url] * 30
             assert files.errors == {}
+            stop.set()
+            await follower
         finally:
             stop.set()
             await rec.stop()

@@ -1,5 +1,5 @@
 """The etcd store: a thin client of etcd's v3 JSON gateway (range, txn, watch)."""
 
-from .client import Compare, EtcdClient, EtcdError, KeyValue, Op, TxnResult, prefix_end
+from .client import Compare, EtcdClient, EtcdError, KeyValue, Op, TxnResult
 
-__all__ = ["Compare", "EtcdClient", "EtcdError", "KeyValue", "Op", "TxnResult", "prefix_end"]
+__all__ = ["Compare", "EtcdClient", "EtcdError", "KeyValue", "Op", "TxnResult"]

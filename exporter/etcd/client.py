@@ -47,17 +47,6 @@ def _unb64(data: str | None) -> str:
     return base64.b64decode(data).decode() if data else ""
 
 
-def prefix_end(prefix: str) -> str:
-    """The range end that selects every key starting with `prefix`."""
-    raw = bytearray(prefix.encode())
-    while raw:
-        if raw[-1] < 0xFF:
-            raw[-1] += 1
-            return raw.decode("latin-1")
-        raw.pop()
-    return "\x00"
-
-
 def _b64_range_end(prefix: str) -> str:
     raw = bytearray(prefix.encode())
     while raw:
@@ -237,11 +226,6 @@ class EtcdClient:
         if self._session is not None:
             await self._session.close()
             self._session = None
-
-    @property
-    def endpoint(self) -> str:
-        """The endpoint in use."""
-        return self._endpoints[self._current]
 
     async def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
         last: EtcdError | None = None

@@ -212,7 +212,7 @@ class HealthEngine:
             now = self._clock()
             limits = Thresholds(successes=1, failures=check.max_retries, initial_delay=check.initial_delay)
             changed = False
-            for node, outcome in zip(target.nodes, outcomes):
+            for node, outcome in zip(target.nodes, outcomes, strict=True):
                 health = checked.nodes.get(node.url)
                 if health is None:
                     continue

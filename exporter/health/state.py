@@ -12,7 +12,7 @@ never make it `unhealthy`; after that, `max_retries` consecutive failures of one
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import Enum
 from typing import Literal
 
@@ -45,8 +45,6 @@ class NodeHealth:
     http_failure: int = 0
     tcp_failure: int = 0
     timeout_failure: int = 0
-    changed_at: float = 0.0
-    counters_total: dict[str, int] = field(default_factory=lambda: {"success": 0, "failure": 0})
 
     @property
     def routed(self) -> bool:
@@ -66,7 +64,6 @@ class NodeHealth:
         """Apply one probe result; True when `routed` changed."""
         was_routed = self.routed
         if outcome == "success":
-            self.counters_total["success"] += 1
             self.http_failure = self.tcp_failure = self.timeout_failure = 0
             self.success += 1
             if self.success >= limits.successes:
@@ -74,7 +71,6 @@ class NodeHealth:
             elif self.state is State.UNHEALTHY:
                 self.state = State.MOSTLY_UNHEALTHY
         else:
-            self.counters_total["failure"] += 1
             self.success = 0
             count = getattr(self, outcome) + 1
             setattr(self, outcome, count)
@@ -83,7 +79,4 @@ class NodeHealth:
                 self.state = State.UNHEALTHY
             elif self.state is State.HEALTHY:
                 self.state = State.MOSTLY_HEALTHY
-        if self.routed != was_routed:
-            self.changed_at = now
-            return True
-        return False
+        return self.routed != was_routed
