@@ -101,6 +101,7 @@ class Daemon:
             self.shared.document = self.health.document
             self.health.shared = self.shared
             self.health.rendered_urls = self._rendered_urls
+            self.shared.on_docs_changed = self.health.count_states
             self.reconciler.fence = self.leadership.fence
             leadership = self.leadership
             self.reconciler.is_leader = lambda: leadership.is_leader

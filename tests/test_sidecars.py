@@ -208,6 +208,8 @@ async def test_every_sidecar_reports_the_same_health(group: Group, etcd_client: 
     for sidecar in group.sidecars:
         async with http.get(f"{sidecar.control}/v1/healthcheck") as resp:
             assert resp.headers["X-Health-Leader"]
+    # /metrics agree too: every sidecar counts the leader's node states.
+    await eventually(lambda: _metrics_agree(http, group), timeout=10)
 
 
 async def _agree(http: aiohttp.ClientSession, group: Group, iid: str, statuses: set[str]) -> bool:
@@ -222,6 +224,15 @@ async def _agree(http: aiohttp.ClientSession, group: Group, iid: str, statuses: 
 async def _health_leader_is(http: aiohttp.ClientSession, sidecar: Sidecar) -> bool:
     async with http.get(f"{sidecar.control}/v1/healthcheck") as resp:
         return f":{sidecar.pid}:" in resp.headers.get("X-Health-Leader", "")
+
+
+async def _metrics_agree(http: aiohttp.ClientSession, group: Group) -> bool:
+    seen = []
+    for sidecar in group.sidecars:
+        async with http.get(f"{sidecar.control}/metrics") as resp:
+            families = {f.name: f for f in text_string_to_metric_families(await resp.text())}
+        seen.append({s.labels["state"]: s.value for s in families["exporter_health_nodes"].samples})
+    return all(s == seen[0] for s in seen) and seen[0].get("healthy", 0) >= 2
 
 
 async def _is_follower(http: aiohttp.ClientSession, sidecar: Sidecar) -> bool:

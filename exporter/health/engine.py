@@ -111,7 +111,7 @@ class HealthEngine:
                 gone.task.cancel()
         if new:
             self._checked[owner] = new
-        self._count_states()
+        self.count_states()
         if self._running and self.shared is not None and (old or ingress is None):
             self.shared.publish([owner])
 
@@ -222,7 +222,7 @@ class HealthEngine:
                     TRANSITIONS.labels(health.state.value).inc()
                     logger.info("health: {} {} is now {} ({})", name, node.url, health.state.value, outcome)
             if changed:
-                self._count_states()
+                self.count_states()
                 self._on_change([owner])
                 if self.shared is not None:
                     self.shared.publish([owner])
@@ -237,12 +237,18 @@ class HealthEngine:
                 return await tcp_probe(node, target.check)
             return await http_probe(node, target.check)
 
-    def _count_states(self) -> None:
+    def count_states(self) -> None:
+        """Refresh the nodes-by-state gauge (from the published states on a follower)."""
         counts = {state: 0 for state in State}
-        for targets in self._checked.values():
-            for checked in targets.values():
-                for health in checked.nodes.values():
-                    counts[health.state] += 1
+        if not self._running and self.shared is not None:
+            for doc in self.shared.docs.values():
+                for node in doc.get("nodes", {}).values():
+                    counts[State(node["status"])] += 1
+        else:
+            for targets in self._checked.values():
+                for checked in targets.values():
+                    for health in checked.nodes.values():
+                        counts[health.state] += 1
         for state, count in counts.items():
             NODES.labels(state.value).set(count)
 

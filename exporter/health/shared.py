@@ -34,6 +34,8 @@ class SharedHealth:
         self.document: Callable[[Owner], dict[str, Any] | None] = lambda _owner: None
         self._queued: set[Owner] = set()
         self._wake = asyncio.Event()
+        # Told when the documents change (followers' metrics follow the leader's states).
+        self.on_docs_changed: Callable[[], None] = lambda: None
 
     def key(self, owner: Owner) -> str:
         """Where an ingress's document lives."""
@@ -90,9 +92,11 @@ class SharedHealth:
                 self.docs = {}
                 for kv in page.kvs:
                     self._apply(kv.key, kv.value)
+                self.on_docs_changed()
                 async for events in self.etcd.watch_prefix(self.prefix + "/", page.revision + 1, idle_timeout=60):
                     for event in events:
                         self._apply(event.key, event.value)
+                    self.on_docs_changed()
                     backoff = 0.2
             except (EtcdError, WatchCanceled) as exc:
                 logger.debug("health watch ended ({}); re-listing", exc)
