@@ -17,6 +17,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -26,6 +28,7 @@ from exporter.config import Settings  # noqa: E402
 from exporter.daemon import build_reconciler  # noqa: E402
 from exporter.embedded import free_port  # noqa: E402
 from exporter.etcd.client import EtcdClient  # noqa: E402
+from exporter.reconciler import Reconciler  # noqa: E402
 from loguru import logger  # noqa: E402
 
 IN_FLIGHT = 8
@@ -35,19 +38,30 @@ def _settings(url: str) -> Settings:
     return Settings.model_validate({"etcd": {"endpoints": [url]}, "writer": {"max_in_flight": IN_FLIGHT, "coalesce_window": 0.005}})
 
 
-async def exporter_bulk(n: int) -> float:
-    records = make_records(n)
+@asynccontextmanager
+async def running_reconciler(in_place: int = 0) -> AsyncIterator[Reconciler]:
+    """A reconciler on a fresh etcd, synced, with `in_place` ingresses already committed."""
     with fresh_etcd() as etcd:
         async with EtcdClient([etcd.url]) as client:
             rec = build_reconciler(_settings(etcd.url), client)
             await rec.start()
             await rec.wait_synced(30)
-            started = time.perf_counter()
-            # As ingress files or pushes would: requests of at most 1,000 ingresses.
-            await asyncio.gather(*(rec.submit(records[i : i + 1000]) for i in range(0, n, 1000)))
-            elapsed = time.perf_counter() - started
+            await submit_all(rec, make_records(in_place))
+            yield rec
             await rec.stop()
-            return elapsed
+
+
+async def submit_all(rec: Reconciler, records: list) -> None:  # type: ignore[type-arg]
+    # As ingress files or pushes would: requests of at most 1,000 ingresses.
+    await asyncio.gather(*(rec.submit(records[i : i + 1000]) for i in range(0, len(records), 1000)))
+
+
+async def exporter_bulk(n: int) -> float:
+    records = make_records(n)
+    async with running_reconciler() as rec:
+        started = time.perf_counter()
+        await submit_all(rec, records)
+        return time.perf_counter() - started
 
 
 async def raw_bulk(n: int) -> tuple[float, int]:
@@ -57,21 +71,14 @@ async def raw_bulk(n: int) -> tuple[float, int]:
 
 
 async def change_latency(in_place: int, samples: int = 30) -> float:
-    records = make_records(in_place)
-    with fresh_etcd() as etcd:
-        async with EtcdClient([etcd.url]) as client:
-            rec = build_reconciler(_settings(etcd.url), client)
-            await rec.start()
-            await rec.wait_synced(30)
-            await asyncio.gather(*(rec.submit(records[i : i + 1000]) for i in range(0, in_place, 1000)))
-            latencies = []
-            for s in range(samples):
-                changed = make_records(1, revision=2 + s, port=9000 + s)[0]
-                started = time.perf_counter()
-                await rec.submit([changed])
-                latencies.append(time.perf_counter() - started)
-            await rec.stop()
-            return median(latencies)
+    async with running_reconciler(in_place) as rec:
+        latencies = []
+        for s in range(samples):
+            changed = make_records(1, revision=2 + s, port=9000 + s)[0]
+            started = time.perf_counter()
+            await rec.submit([changed])
+            latencies.append(time.perf_counter() - started)
+        return median(latencies)
 
 
 def daemon_rss(n: int) -> float:

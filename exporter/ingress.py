@@ -168,10 +168,13 @@ class ServersUpstream(_Strict):
     @field_validator("servers")
     @classmethod
     def _unique(cls, value: list[Server]) -> list[Server]:
-        urls = [s.url for s in value]
-        if len(set(urls)) != len(urls):
-            raise ValueError("server urls must be unique")
-        return value
+        return _unique_urls(value)
+
+
+def _unique_urls(servers: list[Server]) -> list[Server]:
+    if len({s.url for s in servers}) != len(servers):
+        raise ValueError("server urls must be unique")
+    return servers
 
 
 class InstanceChecks(_Strict):
@@ -250,9 +253,7 @@ class PluginUpstream(_Strict):
     @field_validator("servers")
     @classmethod
     def _unique(cls, value: list[Server]) -> list[Server]:
-        if len({s.url for s in value}) != len(value):
-            raise ValueError("server urls must be unique")
-        return value
+        return _unique_urls(value)
 
 
 def _upstream_tag(value: Any) -> str:
