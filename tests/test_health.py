@@ -67,8 +67,9 @@ async def test_a_dead_backend_is_ejected_in_bounds_and_comes_back(api_daemon, cl
     died = time.monotonic()
     await eventually(lambda: _eq(urls_in_etcd(etcd_client, iid), {a.url}), interval=0.01)
     ejected_after = time.monotonic() - died
-    # interval x max_retries, plus one probe timeout of slack for scheduling, plus a writer window.
-    assert ejected_after <= 0.2 * 2 + 0.5 + 0.2 + 0.1, ejected_after
+    # interval x max_retries plus a writer window; the rest is slack for a loaded 2-core machine
+    # (one probe timeout, jitter, Traefik-independent: this is etcd's view).
+    assert ejected_after <= 0.2 * 2 + 0.02 + 0.5 + 0.6, ejected_after
     await eventually(lambda: _only(answers(http, traefik, f"{iid}.test"), "a"))
 
     await b.start()
