@@ -107,6 +107,7 @@ class Reconciler:
         self._tasks: list[asyncio.Task[None]] = []
         self._synced = asyncio.Event()
         self._last_batch = 0.0
+        self._queued_at = 0.0
         self._last_batch_groups = 0
 
     # ----- lifecycle
@@ -178,6 +179,8 @@ class Reconciler:
         for owner, record in checked:
             self._pending[owner] = record
             intents.append(Intent(owner, record, group))
+        if not self._queue:
+            self._queued_at = time.monotonic()
         self._queue.extend(intents)
         self._wake.set()
         return intents
@@ -229,9 +232,13 @@ class Reconciler:
             if self._stopping and not self._queue:
                 return
             if self._window and self._in_burst():
-                # Gather the rest of a burst so it shares transactions (and one Traefik reload).
+                # Gather the rest of a burst so it shares transactions (and one Traefik reload),
+                # for at most one window counted from the oldest queued request: under steady
+                # load the queue fills while the previous batch commits, and nothing waits more.
                 # A lone request is written at once: coalescing must not cost it latency.
-                await asyncio.sleep(self._window)
+                remaining = self._window - (time.monotonic() - self._queued_at)
+                if remaining > 0:
+                    await asyncio.sleep(remaining)
             self._wake.clear()
             if time.monotonic() >= next_full:
                 self._full_requested = True
