@@ -23,13 +23,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from loguru import logger  # noqa: E402
+
 from bench.common import exporter_keys, fresh_etcd, make_records, median, raw_write  # noqa: E402
 from exporter.config import Settings  # noqa: E402
 from exporter.daemon import build_reconciler  # noqa: E402
 from exporter.embedded import free_port  # noqa: E402
 from exporter.etcd.client import EtcdClient  # noqa: E402
 from exporter.reconciler import Reconciler  # noqa: E402
-from loguru import logger  # noqa: E402
 
 IN_FLIGHT = 8
 

@@ -18,6 +18,8 @@ import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from loguru import logger  # noqa: E402
+
 import exporter.health.engine as engine_module  # noqa: E402
 from bench.common import pct  # noqa: E402
 from exporter.embedded import free_port  # noqa: E402
@@ -25,7 +27,6 @@ from exporter.health.checkers import load_kinds  # noqa: E402
 from exporter.health.engine import HealthEngine  # noqa: E402
 from exporter.health.kinds import BUILTIN  # noqa: E402
 from exporter.ingress import Ingress  # noqa: E402
-from loguru import logger  # noqa: E402
 
 BACKENDS = """
 import asyncio, sys

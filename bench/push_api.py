@@ -24,7 +24,15 @@ import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import exporter_keys, fresh_etcd, make_records, median, pct, raw_write, txn_round_trip  # noqa: E402
+from bench.common import (  # noqa: E402
+    exporter_keys,
+    fresh_etcd,
+    make_records,
+    median,
+    pct,
+    raw_write,
+    txn_round_trip,
+)
 from exporter.embedded import free_port, start_traefik  # noqa: E402
 
 TOKEN = "bench-token"

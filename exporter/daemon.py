@@ -9,22 +9,23 @@ from pathlib import Path
 
 from aiohttp import web
 from loguru import logger
+from watchfiles import awatch
 
 from .config import Settings
 from .control.healthcheck import healthcheck_routes
 from .control.server import control_app
+from .errors import ConfigError
+from .etcd.client import EtcdClient, EtcdSecurity
 from .health.checkers import load_kinds
 from .health.engine import HealthEngine
 from .health.kinds import BUILTIN
 from .health.shared import SharedHealth
 from .leader import Leadership
-from .etcd.client import EtcdClient, EtcdSecurity
 from .plan.observed import Observed
 from .plan.planner import Planner
 from .reconciler import Reconciler
 from .render.renderer import Renderer
 from .render.root_keys import load_certificate
-from .errors import ConfigError
 from .sources.api import is_loopback, push_api_app
 from .sources.files import IngressFiles
 
@@ -162,6 +163,8 @@ class Daemon:
             self._runners.append(await _serve(push_api, api.listen, api_tls))
             logger.info("push API on {}://{}", "https" if api_tls else "http", api.listen)
         await self.reconciler.start()
+        if self.settings.templates.dir is not None:
+            self._tasks.append(asyncio.create_task(self._watch_templates(self.settings.templates.dir), name="templates"))
         if self.shared is not None:
             self._tasks.append(asyncio.create_task(self.shared.run_reader(), name="health-reader"))
             self._tasks.append(asyncio.create_task(self.shared.run_publisher(), name="health-publisher"))
@@ -191,6 +194,15 @@ class Daemon:
         # Probing starts from the published states before the first leader-only pass plans.
         await self.health.start()
         self.reconciler.request_full()
+
+    async def _watch_templates(self, directory: Path) -> None:
+        # A changed template applies to every ingress at once (one full pass). An ingress the
+        # new template cannot render keeps its keys and is reported by /readyz.
+        async for _changes in awatch(directory, stop_event=self.stop_event, debounce=200):
+            planner = self.reconciler.planner
+            planner.renderer = Renderer(self.settings.root_key, self.settings.default_entrypoints, directory)
+            logger.info("templates in {} changed: re-rendering every ingress", directory)
+            self.reconciler.request_full()
 
     async def _sources(self) -> None:
         await self.reconciler.wait_synced()

@@ -24,7 +24,13 @@ from .plan.format import format_plan
 from .plan.observed import Observed
 from .plan.plan import Plan, UnitPlan
 from .plan.planner import NO_EJECTIONS, Ejections, Owner, Planner
-from .store.records import Record, RecordDecodeError, RecordStore, decode_record, record_key
+from .store.records import (
+    Record,
+    RecordDecodeError,
+    RecordStore,
+    decode_record,
+    record_key,
+)
 from .store.revisions import classify_remove, classify_upsert
 from .write import metrics
 from .write.writer import Writer

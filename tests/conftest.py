@@ -13,9 +13,9 @@ import aiohttp
 import pytest
 
 from exporter.config import Settings
+from exporter.daemon import Daemon, build_reconciler
 from exporter.embedded import EmbeddedEtcd, EmbeddedTraefik, start_etcd, start_traefik
 from exporter.etcd.client import EtcdClient
-from exporter.daemon import Daemon, build_reconciler
 from exporter.reconciler import Reconciler
 from exporter.store.records import Record
 from tests.helpers import AUTHORITY, Backend

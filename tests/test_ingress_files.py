@@ -85,3 +85,52 @@ async def _is(etcd_client, iid: str, expected: str | None) -> bool:  # type: ign
 
 async def _has_error(files: IngressFiles, path: Path) -> bool:
     return path.resolve() in files.errors
+
+
+async def test_a_changed_template_is_applied_to_every_ingress_and_a_broken_one_is_reported(
+    tmp_path: Path, etcd, etcd_client, http
+) -> None:
+    from exporter.config import Settings
+    from exporter.daemon import Daemon
+    from exporter.embedded import free_port
+    from exporter.render.renderer import BUILTIN_TEMPLATES
+
+    templates = tmp_path / "templates"
+    templates.mkdir()
+    original = (BUILTIN_TEMPLATES / "http.json.j2").read_text()
+    priority = '"priority": {{ 100 + ingress.path_prefix | length }}'
+    (templates / "http.json.j2").write_text(original)
+    iid = uid()
+    (tmp_path / "routes.yaml").write_text(BODY.format(iid=iid, revision=1, port=8001))
+    records = uid("tpl")
+    settings = Settings.model_validate({
+        "etcd": {"endpoints": [etcd.url]}, "records_prefix": f"{records}/records",
+        "sources": {"files": [str(tmp_path / "*.yaml")]}, "templates": {"dir": str(templates)},
+        "api": {"enabled": False}, "control": {"listen": f"127.0.0.1:{free_port()}"}, "leader": {"enabled": False},
+    })
+    daemon = Daemon(settings)
+    await daemon.start()
+    key = f"{ROOT}/http/routers/{AUTHORITY}_{iid}/priority"
+    try:
+        await eventually(lambda: _value_is(etcd_client, key, "101"))
+        (templates / "http.json.j2").write_text(original.replace(priority, '"priority": 4242'))
+        await eventually(lambda: _value_is(etcd_client, key, "4242"))
+        (templates / "http.json.j2").write_text(original.replace(priority, '"priority": "abc"'))
+        await eventually(lambda: _not_ready(http, settings.control.listen, "http.json.j2"))
+        assert (await etcd_client.get(key)).value == "4242"  # type: ignore[union-attr]  # kept, never frozen
+    finally:
+        (tmp_path / "routes.yaml").unlink()
+        (templates / "http.json.j2").write_text(original)
+        await eventually(lambda: _value_is(etcd_client, key, None))
+        await daemon.stop()
+        await etcd_client.delete_prefix(f"{records}/")
+
+
+async def _value_is(etcd_client, key: str, expected: str | None) -> bool:  # type: ignore[no-untyped-def]
+    kv = await etcd_client.get(key)
+    return (kv.value if kv else None) == expected
+
+
+async def _not_ready(http, listen: str, reason: str) -> bool:  # type: ignore[no-untyped-def]
+    async with http.get(f"http://{listen}/readyz") as resp:
+        return resp.status == 503 and reason in await resp.text()

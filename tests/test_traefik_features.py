@@ -16,7 +16,15 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from exporter.embedded import EmbeddedTraefik
-from tests.helpers import AUTHORITY, Backend, eventually, get_via, record, router_enabled, uid
+from tests.helpers import (
+    AUTHORITY,
+    Backend,
+    eventually,
+    get_via,
+    record,
+    router_enabled,
+    uid,
+)
 
 pytestmark = pytest.mark.integration
 

@@ -13,7 +13,15 @@ from exporter.etcd.client import EtcdClient
 from exporter.reconciler import Reconciler
 from exporter.write import metrics
 from tests.conftest import ROOT, settings_for
-from tests.helpers import AUTHORITY, Backend, eventually, get_via, record, router_enabled, uid
+from tests.helpers import (
+    AUTHORITY,
+    Backend,
+    eventually,
+    get_via,
+    record,
+    router_enabled,
+    uid,
+)
 from tests.replay import replay
 
 pytestmark = pytest.mark.integration

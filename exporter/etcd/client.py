@@ -17,7 +17,6 @@ from typing import Any, Literal
 
 import aiohttp
 
-
 # One watch response is one JSON line; a burst of large transactions can make it big.
 _MAX_WATCH_LINE = 64 * 1024 * 1024
 

@@ -15,15 +15,23 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from jinja2 import ChoiceLoader, FileSystemLoader, StrictUndefined, Template, TemplateError as JinjaError
+from jinja2 import ChoiceLoader, FileSystemLoader, StrictUndefined, Template
+from jinja2 import TemplateError as JinjaError
 from jinja2.sandbox import SandboxedEnvironment
 from pydantic import ValidationError
 
 from ..errors import TemplateError
-from ..ingress import AiProxyMultiUpstream, Ingress, PluginUpstream, ServersUpstream, field_errors
+from ..ingress import (
+    AiProxyMultiUpstream,
+    Ingress,
+    PluginUpstream,
+    ServersUpstream,
+    field_errors,
+)
 from .flatten import flatten
 from .rules import http_rule, tcp_rule
 from .traefik_schema import Fragment
+
 
 def _builtin_templates() -> Path:
     # A source checkout (editable install) has templates/ beside the package; a wheel install

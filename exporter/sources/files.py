@@ -20,7 +20,6 @@ from ..errors import EtcdUnavailable, ExporterError
 from ..ingress import IngressFile, field_errors
 from ..store.records import Record
 
-
 # libyaml's parser when PyYAML has it: 10x faster on large files.
 _YAML_LOADER: type[yaml.SafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
