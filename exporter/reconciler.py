@@ -302,7 +302,7 @@ class Reconciler:
             ((kv.key, kv.value, kv.mod_revision) for kv in itertools.chain(roots.kvs, records.kvs)), roots.revision
         )
         listed = {self._adopt_record(kv.key, kv.value) for kv in records.kvs}
-        for owner in [o for o in self.store.records if o not in listed]:
+        for owner in [o for o in [*self.store.records, *self.store.tombstones] if o not in listed]:
             self.store.set(owner, None)
         self._relist_requested = False
         self.status.etcd_ok = True
