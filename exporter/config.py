@@ -239,7 +239,7 @@ class Settings(BaseSettings):
         if self.etcd.password is not None:
             return self.etcd.password.get_secret_value()
         if self.etcd.password_file is not None:
-            return self.etcd.password_file.read_text().strip()
+            return read_secret(self.etcd.password_file, "etcd.password_file")
         return None
 
     def api_token(self) -> str | None:
@@ -247,8 +247,18 @@ class Settings(BaseSettings):
         if self.api.token is not None:
             return self.api.token.get_secret_value()
         if self.api.token_file is not None:
-            return self.api.token_file.read_text().strip() or None
+            return read_secret(self.api.token_file, "api.token_file")
         return None
+
+
+def read_secret(path: Path, field: str) -> str | None:
+    """A secret from a file (stripped; None when empty); a ConfigError naming the field if unreadable."""
+    from .errors import ConfigError
+
+    try:
+        return path.read_text().strip() or None
+    except OSError as exc:
+        raise ConfigError(f"{field}: cannot read {path}: {exc.strerror}") from None
 
 
 def load_settings(path: Path | None, **overrides: Any) -> Settings:

@@ -33,6 +33,10 @@ from .sources.files import IngressFiles
 def etcd_client(settings: Settings) -> EtcdClient:
     """The etcd client the settings describe (endpoints, TLS, auth)."""
     e = settings.etcd
+    for name in ("ca_file", "cert_file", "key_file"):
+        path = getattr(e, name)
+        if path is not None and not path.is_file():
+            raise ConfigError(f"etcd.{name}: {path} does not exist")
     security = EtcdSecurity(
         ca_file=str(e.ca_file) if e.ca_file else None,
         cert_file=str(e.cert_file) if e.cert_file else None,
@@ -63,11 +67,14 @@ def build_reconciler(settings: Settings, etcd: EtcdClient, dry_run: bool = False
     )
 
 
-def _server_tls(cert_file: Path | None, key_file: Path | None) -> ssl.SSLContext | None:
+def _server_tls(cert_file: Path | None, key_file: Path | None, section: str) -> ssl.SSLContext | None:
     if cert_file is None:
         return None
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    context.load_cert_chain(str(cert_file), str(key_file) if key_file else None)
+    try:
+        context.load_cert_chain(str(cert_file), str(key_file) if key_file else None)
+    except (OSError, ssl.SSLError) as exc:
+        raise ConfigError(f"{section}.tls_cert_file/tls_key_file: cannot load {cert_file}: {exc}") from None
     return context
 
 
@@ -155,11 +162,11 @@ class Daemon:
             self.health, lambda owner: self.reconciler.store.get(owner) is not None, self._health_headers
         )
         control, api = self.settings.control, self.settings.api
-        control_tls = _server_tls(control.tls_cert_file, control.tls_key_file)
+        control_tls = _server_tls(control.tls_cert_file, control.tls_key_file, "control")
         self._runners.append(await _serve(control_app(self.readiness, routes), control.listen, control_tls))
         logger.info("control server on {}://{}", "https" if control_tls else "http", control.listen)
         if push_api is not None:
-            api_tls = _server_tls(api.tls_cert_file, api.tls_key_file)
+            api_tls = _server_tls(api.tls_cert_file, api.tls_key_file, "api")
             self._runners.append(await _serve(push_api, api.listen, api_tls))
             logger.info("push API on {}://{}", "https" if api_tls else "http", api.listen)
         await self.reconciler.start()

@@ -148,3 +148,11 @@ async def test_run_dry_run_logs_the_diff_and_writes_nothing(tmp_path: Path, etcd
     assert f"+ {space}/worker_cli/http/routers/cli_{iid}/rule" in out
     # The generated certificate's private key is a secret: never logged.
     assert "PRIVATE KEY-----\\n" not in out and "<redacted private key>" in out
+
+
+def test_run_with_an_unreadable_token_file_names_the_field_and_exits_1(tmp_path: Path) -> None:
+    cfg = tmp_path / "exporter.yaml"
+    cfg.write_text('etcd: {endpoints: ["http://127.0.0.1:9"]}\napi: {token_file: missing-token}\n')
+    out = cli("run", "--config", str(cfg))
+    assert out.returncode == 1
+    assert "api.token_file: cannot read" in out.stderr and "Traceback" not in out.stderr

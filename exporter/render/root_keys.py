@@ -17,6 +17,8 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
+from ..errors import ConfigError
+
 OWNER_KEY = "_meta/owner"
 OWNER_VALUE = "traefik-etcd-exporter"
 CERT_KEY = "tls/stores/default/defaultCertificate/certFile"
@@ -59,7 +61,10 @@ def generate_certificate(common_name: str = "traefik-default") -> DefaultCertifi
 def load_certificate(cert_file: Path | None, key_file: Path | None) -> DefaultCertificate:
     """The operator's certificate when both files are configured, else a generated one."""
     if cert_file is not None and key_file is not None:
-        return DefaultCertificate(cert_file.read_text(), key_file.read_text(), generated=False)
+        try:
+            return DefaultCertificate(cert_file.read_text(), key_file.read_text(), generated=False)
+        except OSError as exc:
+            raise ConfigError(f"tls.cert_file/tls.key_file: cannot read {exc.filename}: {exc.strerror}") from None
     return generate_certificate()
 
 
