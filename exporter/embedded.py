@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import shutil
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -46,12 +47,15 @@ def traefik_binary() -> str:
     return found
 
 
-def _wait_http(url: str, deadline: float, proc: subprocess.Popen[bytes], what: str, log: Path) -> None:
+def wait_http(
+    url: str, deadline: float, proc: subprocess.Popen[bytes], what: str, log: Path, context: ssl.SSLContext | None = None
+) -> None:
+    """Poll `url` until it answers 200; fail early if `proc` exits, or at `deadline`."""
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"{what} exited with {proc.returncode}; see {log}")
         try:
-            with urllib.request.urlopen(url, timeout=1) as resp:
+            with urllib.request.urlopen(url, timeout=1, context=context) as resp:
                 if resp.status == 200:
                     return
         except OSError:
@@ -94,7 +98,7 @@ class EmbeddedEtcd(Child):
         self.stop()
         logf = self.log.open("ab")
         self.proc = subprocess.Popen(self.args, stdout=logf, stderr=subprocess.STDOUT)
-        _wait_http(self.url + "/health", time.monotonic() + timeout, self.proc, "etcd", self.log)
+        wait_http(self.url + "/health", time.monotonic() + timeout, self.proc, "etcd", self.log)
 
 
 def start_etcd(workdir: Path, extra_args: list[str] | None = None, timeout: float = 30) -> EmbeddedEtcd:
@@ -117,7 +121,7 @@ def start_etcd(workdir: Path, extra_args: list[str] | None = None, timeout: floa
     ]  # fmt: skip
     proc = subprocess.Popen(args, stdout=log.open("ab"), stderr=subprocess.STDOUT)
     etcd = EmbeddedEtcd(proc=proc, log=log, client_port=client, args=args)
-    _wait_http(etcd.url + "/health", time.monotonic() + timeout, proc, "etcd", log)
+    wait_http(etcd.url + "/health", time.monotonic() + timeout, proc, "etcd", log)
     return etcd
 
 
@@ -162,5 +166,5 @@ def start_traefik(
     env = {k: v for k, v in os.environ.items() if not k.startswith("TRAEFIK_")}
     proc = subprocess.Popen(args, stdout=log.open("ab"), stderr=subprocess.STDOUT, env=env)
     traefik = EmbeddedTraefik(proc=proc, log=log, entrypoints=ports, api_port=api_port)
-    _wait_http(traefik.api + "/api/overview", time.monotonic() + timeout, proc, "traefik", log)
+    wait_http(traefik.api + "/api/overview", time.monotonic() + timeout, proc, "traefik", log)
     return traefik

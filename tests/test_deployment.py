@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-import time
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +12,7 @@ import yaml
 from exporter.config import load_settings
 from exporter.embedded import TRAEFIK_THROTTLE, traefik_static_args
 from exporter.ingress import IngressFile
+from tests.helpers import poll_until
 
 REPO = Path(__file__).resolve().parent.parent
 COMPOSE = REPO / "compose"
@@ -120,17 +120,12 @@ def test_the_compose_stack_routes_a_request_through_traefik() -> None:
         ))
         import urllib.request
 
-        deadline = time.monotonic() + 120
-        while True:
-            try:
-                req = urllib.request.Request("http://127.0.0.1:18000/", headers={"Host": "whoami.localhost"})
-                with urllib.request.urlopen(req, timeout=2) as resp:
-                    assert resp.status == 200
-                    break
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(1)
+        def routed() -> bool:
+            req = urllib.request.Request("http://127.0.0.1:18000/", headers={"Host": "whoami.localhost"})
+            with urllib.request.urlopen(req, timeout=2) as resp:
+                return bool(resp.status == 200)
+
+        poll_until(routed, timeout=120, interval=1)
     finally:
         for container in started:
             if container is not None:

@@ -9,7 +9,6 @@ import ssl
 import subprocess
 import sys
 import time
-import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,7 +23,7 @@ from pydantic import SecretStr
 
 from exporter.config import Settings
 from exporter.daemon import Daemon, build_reconciler, etcd_client
-from exporter.embedded import etcd_binary, free_port
+from exporter.embedded import etcd_binary, free_port, wait_http
 from tests.helpers import record, uid
 
 pytestmark = pytest.mark.integration
@@ -103,15 +102,7 @@ def secure_etcd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecureEtcd
     )
     context = ssl.create_default_context(cafile=str(work / "good-ca.pem"))
     context.load_cert_chain(str(work / "good-client.pem"), str(work / "good-client.key"))
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            with urllib.request.urlopen(f"{url}/health", context=context, timeout=1):
-                break
-        except OSError:
-            if time.monotonic() > deadline or proc.poll() is not None:
-                raise RuntimeError(f"secure etcd did not start; see {work / 'etcd.log'}") from None
-            time.sleep(0.1)
+    wait_http(f"{url}/health", time.monotonic() + 30, proc, "secure etcd", work / "etcd.log", context)
     ctl = [str(Path(etcd_binary()).parent / "etcdctl"), f"--endpoints={url}", f"--cacert={work / 'good-ca.pem'}",
            f"--cert={work / 'good-client.pem'}", f"--key={work / 'good-client.key'}"]
     subprocess.run([*ctl, "user", "add", "root", f"--new-user-password={PASSWORD}"], check=True, capture_output=True)
