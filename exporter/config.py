@@ -22,7 +22,8 @@ from pydantic_settings import (
     YamlConfigSettingsSource,
 )
 
-_ENTRYPOINT_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}\Z")
+from .ingress import validate_entrypoint
+
 _LISTEN_RE = re.compile(r"^[^\s:]+:\d{1,5}\Z")
 # The YAML file of the Settings being built (settings_customise_sources is a classmethod).
 _CONFIG_FILE: ContextVar[Path | None] = ContextVar("_CONFIG_FILE", default=None)
@@ -202,10 +203,7 @@ class Settings(BaseSettings):
     @field_validator("default_entrypoints")
     @classmethod
     def _entrypoints(cls, value: list[str]) -> list[str]:
-        for name in value:
-            if not _ENTRYPOINT_RE.match(name):
-                raise ValueError(f"entrypoint {name!r} must match {_ENTRYPOINT_RE.pattern}")
-        return value
+        return [validate_entrypoint(name) for name in value]
 
     @classmethod
     def settings_customise_sources(
@@ -236,19 +234,17 @@ class Settings(BaseSettings):
 
     def etcd_password(self) -> str | None:
         """The etcd password from `etcd.password` (env) or `etcd.password_file`."""
-        if self.etcd.password is not None:
-            return self.etcd.password.get_secret_value()
-        if self.etcd.password_file is not None:
-            return read_secret(self.etcd.password_file, "etcd.password_file")
-        return None
+        return _secret(self.etcd.password, self.etcd.password_file, "etcd.password_file")
 
     def api_token(self) -> str | None:
         """The push API token from `api.token` (env) or `api.token_file`."""
-        if self.api.token is not None:
-            return self.api.token.get_secret_value()
-        if self.api.token_file is not None:
-            return read_secret(self.api.token_file, "api.token_file")
-        return None
+        return _secret(self.api.token, self.api.token_file, "api.token_file")
+
+
+def _secret(value: SecretStr | None, path: Path | None, field: str) -> str | None:
+    if value is not None:
+        return value.get_secret_value()
+    return read_secret(path, field) if path is not None else None
 
 
 def read_secret(path: Path, field: str) -> str | None:

@@ -7,6 +7,7 @@ example ingress file, runs the daemon on them, and prints a curl line that Traef
 from __future__ import annotations
 
 import asyncio
+import signal
 import tempfile
 import time
 from pathlib import Path
@@ -98,8 +99,6 @@ async def run_embedded(config: Path | None) -> int:
             flush=True,
         )
         loop = asyncio.get_running_loop()
-        import signal
-
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, daemon.stop_event.set)
         await daemon.stop_event.wait()

@@ -78,7 +78,8 @@ def _path(value: str) -> str:
     return value
 
 
-def _entrypoint(value: str) -> str:
+def validate_entrypoint(value: str) -> str:
+    """An entrypoint name (also used for the config's default_entrypoints)."""
     if not _ENTRYPOINT_RE.match(value):
         raise ValueError("must be an entrypoint name of [A-Za-z0-9_-] (at most 64 characters)")
     return value
@@ -94,7 +95,7 @@ def _cidr(value: str) -> str:
 DnsLabel = Annotated[str, AfterValidator(_dns_label)]
 HostName = Annotated[str, AfterValidator(_hostname)]
 UrlPath = Annotated[str, AfterValidator(_path)]
-EntryPoint = Annotated[str, AfterValidator(_entrypoint)]
+EntryPoint = Annotated[str, AfterValidator(validate_entrypoint)]
 Cidr = Annotated[str, AfterValidator(_cidr)]
 
 

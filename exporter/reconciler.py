@@ -29,6 +29,7 @@ from .store.records import (
     RecordDecodeError,
     RecordStore,
     decode_record,
+    owner_of_record_key,
     record_key,
 )
 from .store.revisions import classify_remove, classify_upsert
@@ -310,7 +311,7 @@ class Reconciler:
         logger.info("listed etcd at revision {}: {} records, {} keys", roots.revision, len(records.kvs), len(roots.kvs))
 
     def _adopt_record(self, key: str, value: str | None) -> Owner | None:
-        owner = _owner_of_key(key, self.records_prefix)
+        owner = owner_of_record_key(self.records_prefix, key)
         if owner is None:
             return None
         if value is None:
@@ -431,10 +432,14 @@ class Reconciler:
         Changes not asked for by an intent are logged with their key and reason (drift repair,
         health, reconcile).
         """
+        first_group = min((i[0].group for i in by_owner.values() if i), default=-1)
+        if not self.is_leader():
+            # Followers, and a leader deposed between two conflict retries, write only what
+            # requests ask for (never a leader-only change unfenced); the leader makes the rest.
+            plan.units = [u for u in plan.units if u.owner in by_owner or (u.owner is None and first_group >= 0)]
         metrics.PLAN_CHANGES.observe(len(plan.changes()))
         groups: dict[int, list[UnitPlan]] = {}
         planned = set()
-        first_group = min((i[0].group for i in by_owner.values() if i), default=-1)
         for n, unit in enumerate(plan.units):
             intents = by_owner.get(unit.owner, []) if unit.owner else []
             # A root's own keys ride with the first request (create-only: no fence needed).
@@ -447,9 +452,6 @@ class Reconciler:
                 self._settle(owner, intents)
         if plan.empty:
             return []
-        if not self.is_leader():
-            # Followers write only what requests ask for; the leader makes every other change.
-            plan.units = [u for u in plan.units if u.owner in by_owner or u.owner is None]
         for unit in plan.units:
             reason = reasons.get(unit.owner) if unit.owner else "reconcile"
             if unit.owner in by_owner or reason is None:
@@ -470,19 +472,16 @@ class Reconciler:
         # its own (repair, reconcile, health) is fenced by the election key too.
         pushed = [g for key, g in groups.items() if key >= 0]
         own = [g for key, g in groups.items() if key < 0]
-        if own and not self.is_leader():
-            # Deposed while planning (e.g. between two conflict retries): leader-only changes
-            # are dropped, never written unfenced. The new leader makes them.
-            own = []
-        results = await asyncio.gather(
-            self._writer.apply(pushed), self._writer.apply(own, self.fence()) if own else self._writer.apply([])
-        )
-        result = results[0]
-        result.committed += results[1].committed
-        result.conflicted += results[1].conflicted
-        result.failed += results[1].failed
-        result.error = result.error or results[1].error
-        result.revision = max(result.revision, results[1].revision)
+        applies = [self._writer.apply(pushed)]
+        if own:
+            applies.append(self._writer.apply(own, self.fence()))
+        result, *more = await asyncio.gather(*applies)
+        for other in more:
+            result.committed += other.committed
+            result.conflicted += other.conflicted
+            result.failed += other.failed
+            result.error = result.error or other.error
+            result.revision = max(result.revision, other.revision)
         self.status.last_revision = max(self.status.last_revision, result.revision)
         for unit in result.committed:
             if unit.owner is None:
@@ -610,10 +609,3 @@ class Reconciler:
         if changed:
             self.mark_dirty(sorted(changed), "drift")
 
-
-def _owner_of_key(key: str, records_prefix: str) -> Owner | None:
-    rest = key[len(records_prefix) + 1 :]
-    authority, _, ingress_id = rest.partition("/")
-    if not authority or not ingress_id or "/" in ingress_id:
-        return None
-    return authority, ingress_id

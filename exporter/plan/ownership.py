@@ -11,16 +11,6 @@ from __future__ import annotations
 from ..render.root_keys import CERT_KEY, KEY_KEY, OWNER_KEY
 
 ROOT_OWNED = frozenset({OWNER_KEY, CERT_KEY, KEY_KEY})
-_KINDS = frozenset({"http", "tcp", "udp"})
-
-
-def object_of(root: str, key: str) -> str | None:
-    """The object path (`<root>/http/routers/<name>`) a key under `root` belongs to, if any."""
-    rel = key[len(root) + 1 :]
-    parts = rel.split("/", 3)
-    if len(parts) < 4 or parts[0] not in _KINDS or not parts[2]:
-        return None
-    return f"{root}/{parts[0]}/{parts[1]}/{parts[2]}"
 
 
 def owner_of_object(object_path: str) -> tuple[str, str] | None:

@@ -10,9 +10,9 @@ from ..errors import TemplateError
 from ..ingress import Ingress
 from ..render.renderer import Renderer
 from ..render.root_keys import CERT_KEY, KEY_KEY, DefaultCertificate, root_keys
-from ..store.records import Record, record_key
+from ..store.records import Record, owner_of_record_key, record_key
 from .observed import Observed
-from .ownership import is_root_owned, object_of, owner_of_object
+from .ownership import is_root_owned
 from .plan import Plan, UnitPlan, plan_ingress, plan_root
 
 Owner = tuple[str, str]
@@ -49,7 +49,7 @@ class Planner:
         full = owners is None
         observed_records = observed.records() if full else {}
         if owners is None:
-            owners = set(desired) | {_owner_of_record(k, self.records_prefix) for k in observed_records}
+            owners = set(desired) | self._recorded(observed_records)
         else:
             owners = set(owners)
         plan = Plan()
@@ -106,20 +106,18 @@ class Planner:
     def _foreign(
         self, desired: Mapping[Owner, Record], observed: Observed, observed_records: Mapping[str, tuple[str, int]]
     ) -> list[str]:
-        known = set(desired) | {_owner_of_record(k, self.records_prefix) for k in observed_records}
+        known = set(desired) | self._recorded(observed_records)
         roots = {self.renderer.root_for(a) for a, _ in known}
         foreign = []
         for root in sorted(roots):
             for key in observed.under_root(root):
                 if is_root_owned(root, key):
                     continue
-                obj = object_of(root, key)
-                owner = owner_of_object(obj) if obj else None
+                owner = observed.owner_of_key(key)
                 if owner is None or owner not in known or self.renderer.root_for(owner[0]) != root:
                     foreign.append(key)
         return sorted(foreign)
 
-
-def _owner_of_record(key: str, records_prefix: str) -> Owner:
-    authority, _, ingress_id = key[len(records_prefix) + 1 :].partition("/")
-    return authority, ingress_id
+    def _recorded(self, record_keys: Iterable[str]) -> set[Owner]:
+        owners = (owner_of_record_key(self.records_prefix, key) for key in record_keys)
+        return {owner for owner in owners if owner is not None}

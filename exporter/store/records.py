@@ -60,6 +60,14 @@ def record_key(records_prefix: str, authority: str, ingress_id: str) -> str:
     return f"{records_prefix}/{authority}/{ingress_id}"
 
 
+def owner_of_record_key(records_prefix: str, key: str) -> tuple[str, str] | None:
+    """(authority, id) of a key under `records_prefix`, or None for anything else."""
+    authority, _, ingress_id = key[len(records_prefix) + 1 :].partition("/")
+    if not authority or not ingress_id or "/" in ingress_id:
+        return None
+    return authority, ingress_id
+
+
 class RecordDecodeError(ValueError):
     """A stored record that does not decode (written by something else, or by an older version)."""
 
