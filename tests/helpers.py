@@ -64,6 +64,15 @@ def ingress(ingress_id: str, **fields: Any) -> Ingress:
     return Ingress.model_validate(data)
 
 
+def ingress_yaml(iid: str, revision: int, port: int, authority: str = AUTHORITY) -> str:
+    """An ingress file with one ingress of `iid` routed to 127.0.0.1:`port`."""
+    return (
+        "ingresses:\n"
+        f"  - authority: {authority}\n    id: {iid}\n    revision: {revision}\n    hosts: [{iid}.test]\n"
+        f'    upstream: {{servers: [{{url: "http://127.0.0.1:{port}"}}]}}\n'
+    )
+
+
 def record(ingress_id: str, **fields: Any) -> Record:
     """A record of `ingress(...)`."""
     return Record.of(ingress(ingress_id, **fields))

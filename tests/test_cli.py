@@ -13,19 +13,10 @@ from exporter.config import load_settings
 from exporter.daemon import build_reconciler
 from exporter.embedded import EmbeddedEtcd
 from exporter.etcd.client import EtcdClient
-from tests.helpers import eventually, uid
+from tests.helpers import eventually, ingress_yaml, uid
 
 pytestmark = pytest.mark.integration
 
-INGRESS = """\
-ingresses:
-  - authority: cli
-    id: {iid}
-    revision: {revision}
-    hosts: [{iid}.test]
-    upstream:
-      servers: [{{url: "http://127.0.0.1:{port}"}}]
-"""
 
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
@@ -49,7 +40,7 @@ def test_render_prints_keys_without_etcd(tmp_path: Path) -> None:
     cfg = tmp_path / "exporter.yaml"
     cfg.write_text('etcd: {endpoints: ["http://127.0.0.1:9"]}\nsources: {files: ["ingresses/*.yaml"]}\n')
     (tmp_path / "ingresses").mkdir()
-    (tmp_path / "ingresses" / "one.yaml").write_text(INGRESS.format(iid="web1", revision=1, port=8000))
+    (tmp_path / "ingresses" / "one.yaml").write_text(ingress_yaml("web1", 1, 8000, authority="cli"))
     out = cli("render", "--config", str(cfg))
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
@@ -72,7 +63,7 @@ async def test_diff_shows_pending_change_and_exit_codes(tmp_path: Path, etcd: Em
     cfg, space = write_config(tmp_path, etcd.url)
     iid = uid()
     ingress_file = tmp_path / "ingresses" / "a.yaml"
-    ingress_file.write_text(INGRESS.format(iid=iid, revision=1, port=8000))
+    ingress_file.write_text(ingress_yaml(iid, 1, 8000, authority="cli"))
 
     first = await asyncio.to_thread(cli, "diff", "--config", str(cfg))
     assert first.returncode == 2, first.stderr
@@ -93,7 +84,7 @@ async def test_diff_shows_pending_change_and_exit_codes(tmp_path: Path, etcd: Em
     clean = await asyncio.to_thread(cli, "diff", "--config", str(cfg))
     assert (clean.returncode, clean.stdout) == (0, ""), clean.stderr
 
-    ingress_file.write_text(INGRESS.format(iid=iid, revision=2, port=8001))
+    ingress_file.write_text(ingress_yaml(iid, 2, 8001, authority="cli"))
     changed = await asyncio.to_thread(cli, "diff", "--config", str(cfg))
     assert changed.returncode == 2
     assert (
@@ -119,7 +110,7 @@ def test_diff_exits_1_when_etcd_is_unreachable(tmp_path: Path) -> None:
 async def test_run_dry_run_logs_the_diff_and_writes_nothing(tmp_path: Path, etcd: EmbeddedEtcd) -> None:
     cfg, space = write_config(tmp_path, etcd.url)
     iid = uid()
-    (tmp_path / "ingresses" / "a.yaml").write_text(INGRESS.format(iid=iid, revision=1, port=8000))
+    (tmp_path / "ingresses" / "a.yaml").write_text(ingress_yaml(iid, 1, 8000, authority="cli"))
     from exporter.embedded import free_port
 
     env_listen = f"127.0.0.1:{free_port()}"

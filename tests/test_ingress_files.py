@@ -10,18 +10,10 @@ import pytest
 from exporter.reconciler import Reconciler
 from exporter.sources.files import IngressFiles
 from tests.conftest import ROOT
-from tests.helpers import AUTHORITY, eventually, uid
+from tests.helpers import AUTHORITY, eventually, ingress_yaml, uid
 
 pytestmark = pytest.mark.integration
 
-BODY = """\
-ingresses:
-  - authority: test
-    id: {iid}
-    revision: {revision}
-    hosts: [{iid}.test]
-    upstream: {{servers: [{{url: "http://127.0.0.1:{port}"}}]}}
-"""
 
 
 async def _url_in_etcd(etcd_client, iid: str) -> str | None:  # type: ignore[no-untyped-def]
@@ -34,7 +26,7 @@ async def test_files_are_applied_hot_reloaded_and_bad_content_keeps_the_last_goo
 ) -> None:
     iid = uid()
     path = tmp_path / "routes.yaml"
-    path.write_text(BODY.format(iid=iid, revision=1, port=8001))
+    path.write_text(ingress_yaml(iid, 1, 8001))
     files = IngressFiles([str(tmp_path / "*.yaml")], reconciler)
     stop = asyncio.Event()
     await files.sync_all()
@@ -42,17 +34,17 @@ async def test_files_are_applied_hot_reloaded_and_bad_content_keeps_the_last_goo
     try:
         assert await _url_in_etcd(etcd_client, iid) == "http://127.0.0.1:8001"
 
-        path.write_text(BODY.format(iid=iid, revision=2, port=8002))
+        path.write_text(ingress_yaml(iid, 2, 8002))
         await eventually(lambda: _is(etcd_client, iid, "http://127.0.0.1:8002"))
 
         revision = await etcd_client.revision()
-        path.write_text(BODY.format(iid=iid, revision=3, port=8003).replace("hosts:", "hostz:"))
+        path.write_text(ingress_yaml(iid, 3, 8003).replace("hosts:", "hostz:"))
         await eventually(lambda: _has_error(files, path))
         assert "hostz" in files.errors[path.resolve()]
         assert await _url_in_etcd(etcd_client, iid) == "http://127.0.0.1:8002"
         assert await etcd_client.revision() == revision  # nothing written
 
-        path.write_text(BODY.format(iid=iid, revision=3, port=8003))
+        path.write_text(ingress_yaml(iid, 3, 8003))
         await eventually(lambda: _is(etcd_client, iid, "http://127.0.0.1:8003"))
         assert path.resolve() not in files.errors
 
@@ -67,10 +59,10 @@ async def test_files_are_applied_hot_reloaded_and_bad_content_keeps_the_last_goo
 async def test_a_stale_revision_in_a_file_is_reported_not_applied(tmp_path: Path, reconciler: Reconciler, etcd_client) -> None:
     iid = uid()
     path = tmp_path / "routes.yaml"
-    path.write_text(BODY.format(iid=iid, revision=5, port=8001))
+    path.write_text(ingress_yaml(iid, 5, 8001))
     files = IngressFiles([str(path)], reconciler)
     await files.sync_all()
-    path.write_text(BODY.format(iid=iid, revision=4, port=8009))
+    path.write_text(ingress_yaml(iid, 4, 8009))
     await files.sync_all()
     assert "lower than the stored 5" in files.errors[path.resolve()]
     assert await _url_in_etcd(etcd_client, iid) == "http://127.0.0.1:8001"
@@ -101,7 +93,7 @@ async def test_a_changed_template_is_applied_to_every_ingress_and_a_broken_one_i
     priority = '"priority": {{ 100 + ingress.path_prefix | length }}'
     (templates / "http.json.j2").write_text(original)
     iid = uid()
-    (tmp_path / "routes.yaml").write_text(BODY.format(iid=iid, revision=1, port=8001))
+    (tmp_path / "routes.yaml").write_text(ingress_yaml(iid, 1, 8001))
     records = uid("tpl")
     settings = Settings.model_validate({
         "etcd": {"endpoints": [etcd.url]}, "records_prefix": f"{records}/records",
