@@ -30,7 +30,7 @@ from exporter.config import Settings  # noqa: E402
 from exporter.daemon import build_reconciler  # noqa: E402
 from exporter.embedded import free_port  # noqa: E402
 from exporter.etcd.client import EtcdClient  # noqa: E402
-from exporter.reconciler import Reconciler  # noqa: E402
+from exporter.reconcile import Reconciler  # noqa: E402
 
 IN_FLIGHT = 8
 

@@ -16,6 +16,7 @@ import aiohttp
 
 from exporter.embedded import EmbeddedEtcd, start_etcd
 from exporter.ingress import Ingress
+from exporter.keys import KeyLayout
 from exporter.plan.observed import Observed
 from exporter.plan.planner import Planner
 from exporter.render.renderer import Renderer
@@ -57,8 +58,9 @@ def make_records(n: int, authority: str = "bench", revision: int = 1, port: int 
 
 def exporter_keys(records: list[Record]) -> list[tuple[str, str]]:
     """Exactly the keys and values the exporter writes for `records` into an empty etcd."""
-    planner = Planner(Renderer(ROOT_KEY, ["web"]), RECORDS, generate_certificate())
-    plan = planner.plan({r.key: r for r in records}, Observed(ROOT_KEY, RECORDS))
+    layout = KeyLayout(ROOT_KEY, RECORDS)
+    planner = Planner(Renderer(layout, ["web"]), layout, generate_certificate())
+    plan = planner.plan({r.key: r for r in records}, Observed(layout))
     return [(c.key, c.new or "") for c in plan.changes()]
 
 

@@ -11,7 +11,7 @@ from loguru import logger
 
 from .config import Settings, load_settings
 from .errors import ExporterError, StaleRevisionError
-from .etcd.client import EtcdError
+from .keys import IngressRef
 from .plan.format import format_plan
 from .plan.plan import Plan
 from .store.records import Record
@@ -27,11 +27,11 @@ def _settings(args: argparse.Namespace) -> Settings:
 def _file_records(settings: Settings, extra: list[str]) -> list[Record]:
     from .sources.files import expand, load_ingress_file
 
-    records: dict[tuple[str, str], Record] = {}
+    records: dict[IngressRef, Record] = {}
     for path in expand(settings.sources.files + extra):
         for record in load_ingress_file(path):
             if record.key in records:
-                raise ExporterError(f"{path}: ingress {record.key[0]}/{record.key[1]} is declared in two files")
+                raise ExporterError(f"{path}: ingress {record.key} is declared in two files")
             records[record.key] = record
     return list(records.values())
 
@@ -56,7 +56,7 @@ async def _diff(settings: Settings) -> tuple[Plan, list[str]]:
             r.key for r in reconciler.store.by_authority() if r.source.startswith("file:") and r.key not in declared
         ]
         plan = reconciler.preview(upserts, removes)
-        warnings += [f"{a}/{i}: {e}" for (a, i), e in sorted(reconciler.planner.errors.items())]
+        warnings += [f"{ref}: {error.title}" for ref, error in sorted(reconciler.render_errors.items())]
         return plan, warnings
 
 
@@ -76,11 +76,12 @@ def cmd_render(args: argparse.Namespace) -> int:
     from .render.root_keys import load_certificate, root_keys
 
     settings = _settings(args)
-    renderer = Renderer(settings.root_key, settings.default_entrypoints, settings.templates.dir)
+    layout = settings.layout()
+    renderer = Renderer(layout, settings.default_entrypoints, settings.templates.dir)
     certificate = load_certificate(settings.tls.cert_file, settings.tls.key_file)
     out: dict[str, str] = {}
     records = _file_records(settings, args.files)
-    for root in sorted({renderer.root_for(r.key[0]) for r in records}):
+    for root in sorted({layout.root(r.key.authority) for r in records}):
         for key, value in root_keys(root, certificate).items():
             out[key] = "<generated certificate>" if certificate.generated and "defaultCertificate" in key else value
     for record in records:
@@ -150,9 +151,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc.title}", file=sys.stderr)
         for item in exc.data.get("errors", []):
             print(f"  {item.get('loc')}: {item.get('msg')}", file=sys.stderr)
-        return EXIT_ERROR
-    except EtcdError as exc:
-        print(f"error: {exc}", file=sys.stderr)
         return EXIT_ERROR
     except KeyboardInterrupt:
         logger.info("interrupted")

@@ -23,6 +23,7 @@ from pydantic_settings import (
 )
 
 from .ingress import validate_entrypoint
+from .keys import KeyLayout
 
 _LISTEN_RE = re.compile(r"^[^\s:]+:\d{1,5}\Z")
 # The YAML file of the Settings being built (settings_customise_sources is a classmethod).
@@ -220,17 +221,14 @@ class Settings(BaseSettings):
             return (init_settings, env_settings)
         return (init_settings, env_settings, YamlConfigSettingsSource(settings_cls, yaml_file=yaml_file))
 
-    def election_key(self) -> str:
-        """The leader election key: sidecars sharing the records share one leader."""
-        return self.leader.key or f"{self.records_prefix}.leader"
-
-    def health_prefix(self) -> str:
-        """Where the leader publishes health states."""
-        return self.health.prefix or f"{self.records_prefix}.health"
-
-    def root_for(self, authority: str) -> str:
-        """The Traefik rootKey of one authority."""
-        return self.root_key.replace("{authority}", authority)
+    def layout(self) -> KeyLayout:
+        """Every key name the exporter uses, from these settings (sidecars sharing the records share a leader)."""
+        return KeyLayout(
+            root_key=self.root_key,
+            records_prefix=self.records_prefix,
+            health_prefix=self.health.prefix,
+            election_key=self.leader.key,
+        )
 
     def etcd_password(self) -> str | None:
         """The etcd password from `etcd.password` (env) or `etcd.password_file`."""

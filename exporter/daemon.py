@@ -6,6 +6,7 @@ import asyncio
 import signal
 import ssl
 from pathlib import Path
+from typing import Any
 
 from aiohttp import web
 from loguru import logger
@@ -16,6 +17,7 @@ from .control.healthcheck import healthcheck_routes
 from .control.server import control_app
 from .errors import ConfigError
 from .etcd.client import EtcdClient, EtcdSecurity
+from .etcd.store import EtcdStore
 from .health.checkers import load_kinds
 from .health.engine import HealthEngine
 from .health.kinds import BUILTIN
@@ -23,11 +25,13 @@ from .health.shared import SharedHealth
 from .leader import Leadership
 from .plan.observed import Observed
 from .plan.planner import Planner
-from .reconciler import Reconciler
+from .reconcile import Cadence, Inbox, Reconciler, TxnLimits
 from .render.renderer import Renderer
 from .render.root_keys import load_certificate
+from .roles import AlwaysLeader
 from .sources.api import is_loopback, push_api_app
 from .sources.files import IngressFiles
+from .store.records import RecordStore
 
 
 def etcd_client(settings: Settings) -> EtcdClient:
@@ -48,22 +52,27 @@ def etcd_client(settings: Settings) -> EtcdClient:
     return EtcdClient(e.endpoints, e.timeout, e.page_size, security)
 
 
-def build_reconciler(settings: Settings, etcd: EtcdClient, dry_run: bool = False) -> Reconciler:
-    """The reconciler with its renderer, planner and mirror, as the settings say."""
-    renderer = Renderer(settings.root_key, settings.default_entrypoints, settings.templates.dir)
-    planner = Planner(renderer, settings.records_prefix, load_certificate(settings.tls.cert_file, settings.tls.key_file))
+def build_reconciler(
+    settings: Settings,
+    etcd: EtcdStore,
+    *,
+    dry_run: bool = False,
+    renderer: Renderer | None = None,
+    **roles: Any,
+) -> Reconciler:
+    """The reconciler the settings describe; `roles` are passed on (store, observed, inbox, leader, ejections, admission)."""
+    layout = settings.layout()
+    renderer = renderer or Renderer(layout, settings.default_entrypoints, settings.templates.dir)
+    planner = Planner(renderer, layout, load_certificate(settings.tls.cert_file, settings.tls.key_file))
+    w = settings.writer
     return Reconciler(
         etcd=etcd,
+        layout=layout,
         planner=planner,
-        observed=Observed(settings.root_key, settings.records_prefix),
-        records_prefix=settings.records_prefix,
-        coalesce_window=settings.writer.coalesce_window,
-        reconcile_interval=settings.writer.reconcile_interval,
-        max_ops=settings.etcd.max_txn_ops,
-        max_bytes=settings.etcd.max_request_bytes,
-        max_in_flight=settings.writer.max_in_flight,
+        cadence=Cadence(w.coalesce_window, w.reconcile_interval, w.tombstone_ttl),
+        limits=TxnLimits(settings.etcd.max_txn_ops, settings.etcd.max_request_bytes, w.max_in_flight),
         dry_run=dry_run,
-        tombstone_ttl=settings.writer.tombstone_ttl,
+        **roles,
     )
 
 
@@ -87,33 +96,31 @@ async def _serve(app: web.Application, listen: str, tls: ssl.SSLContext | None =
 
 
 class Daemon:
-    """One exporter process: reconciler, sources, control server."""
+    """One exporter process: reconciler, health engine, leadership, sources, control server."""
 
     def __init__(self, settings: Settings, dry_run: bool = False) -> None:
         self.settings = settings
+        layout = settings.layout()
         self.etcd = etcd_client(settings)
-        self.reconciler = build_reconciler(settings, self.etcd, dry_run)
-        self.health = HealthEngine(
-            load_kinds(BUILTIN), lambda owners: self.reconciler.mark_dirty(owners, "health"),
-            concurrency=settings.health.concurrency,
-        )
-        self.reconciler.ejected = self.health.ejected
-        self.reconciler.check_record = lambda record: self.health.check_kinds(record.ingress)
-        self.reconciler.store.listener = self.health.update
+        inbox = Inbox()
+        observed = Observed(layout)
         self.leadership: Leadership | None = None
         self.shared: SharedHealth | None = None
         if settings.leader.enabled and not dry_run:  # a dry run writes nothing, not even an election key
-            self.leadership = Leadership(self.etcd, settings.election_key(), settings.leader.ttl)
-            self.shared = SharedHealth(self.etcd, settings.health_prefix(), self.leadership.identity)
-            self.shared.fence = self.leadership.fence
-            self.shared.document = self.health.document
-            self.health.shared = self.shared
-            self.health.rendered_urls = self._rendered_urls
-            self.shared.on_docs_changed = self.health.count_states
-            self.reconciler.fence = self.leadership.fence
-            leadership = self.leadership
-            self.reconciler.is_leader = lambda: leadership.is_leader
-            self.leadership.on_change = self._leadership_changed
+            self.leadership = Leadership(
+                self.etcd, layout.election_key, settings.leader.ttl, on_change=self._leadership_changed
+            )
+            self.shared = SharedHealth(self.etcd, layout, self.leadership.identity, self.leadership)
+        self.health = HealthEngine(
+            load_kinds(BUILTIN), inbox, concurrency=settings.health.concurrency, shared=self.shared,
+            rendered_urls=observed.server_urls,
+        )
+        self.renderer = Renderer(layout, settings.default_entrypoints, settings.templates.dir)
+        self.reconciler = build_reconciler(
+            settings, self.etcd, dry_run=dry_run, renderer=self.renderer,
+            store=RecordStore(self.health.update), observed=observed, inbox=inbox,
+            leader=self.leadership or AlwaysLeader(), ejections=self.health, admission=self.health,
+        )
         self.files = IngressFiles(settings.sources.files, self.reconciler)
         self.stop_event = asyncio.Event()
         self.sources_applied = False
@@ -129,12 +136,12 @@ class Daemon:
             reasons.append(f"etcd unreachable: {status.last_error or 'not contacted yet'}")
         if not status.synced:
             reasons.append("first sync with etcd not done")
-        elif self.leadership is not None and not self.leadership.is_leader and self.leadership.leader is None:
+        elif self.leadership is not None and not self.leadership.is_leader() and self.leadership.leader is None:
             reasons.append("no leader elected")
         elif not self.sources_applied:
             reasons.append("ingress files not applied yet")
         reasons += [f"ingress file {path}: {error}" for path, error in sorted(self.files.errors.items())]
-        reasons += [f"ingress {a}/{i}: {error}" for (a, i), error in sorted(self.reconciler.planner.errors.items())]
+        reasons += [f"ingress {ref}: {error.title}" for ref, error in sorted(self.reconciler.render_errors.items())]
         return reasons
 
     def _push_api(self) -> web.Application | None:
@@ -173,20 +180,16 @@ class Daemon:
         if self.settings.templates.dir is not None:
             self._tasks.append(asyncio.create_task(self._watch_templates(self.settings.templates.dir), name="templates"))
         if self.shared is not None:
-            self._tasks.append(asyncio.create_task(self.shared.run_reader(), name="health-reader"))
-            self._tasks.append(asyncio.create_task(self.shared.run_publisher(), name="health-publisher"))
+            # Followers' metrics follow the leader's states; the leader publishes its engine's documents.
+            self._tasks.append(asyncio.create_task(self.shared.run_reader(self.health.count_states), name="health-reader"))
+            self._tasks.append(asyncio.create_task(self.shared.run_publisher(self.health.document), name="health-publisher"))
         self._tasks.append(asyncio.create_task(self._sources(), name="sources"))
-
-    def _rendered_urls(self, owner: tuple[str, str]) -> set[str]:
-        root = self.reconciler.planner.renderer.root_for(owner[0])
-        objects = self.reconciler.observed.objects_of(owner, root)
-        return {value for keys in objects.values() for key, (value, _mod) in keys.items() if key.endswith("/url")}
 
     def _health_headers(self) -> dict[str, str]:
         # Which exporter's probes the answer reflects, and how old its newest document is.
         if self.leadership is None:
             return {}
-        if self.leadership.is_leader:
+        if self.leadership.is_leader():
             return {"X-Health-Leader": self.leadership.identity, "X-Health-Age": "0"}
         leader, age = self.shared.leader_and_age() if self.shared else (None, None)
         return {"X-Health-Leader": leader or "", "X-Health-Age": "" if age is None else f"{age:.1f}"}
@@ -206,8 +209,7 @@ class Daemon:
         # A changed template applies to every ingress at once (one full pass). An ingress the
         # new template cannot render keeps its keys and is reported by /readyz.
         async for _changes in awatch(directory, stop_event=self.stop_event, debounce=200):
-            planner = self.reconciler.planner
-            planner.renderer = Renderer(self.settings.root_key, self.settings.default_entrypoints, directory)
+            self.renderer.reload()
             logger.info("templates in {} changed: re-rendering every ingress", directory)
             self.reconciler.request_full()
 

@@ -68,7 +68,7 @@ async def run_embedded(config: Path | None) -> int:
     etcd = start_etcd(workdir)
     settings = load_settings(config)
     setup_logging(settings.log)
-    root = settings.root_for(AUTHORITY)
+    root = settings.layout().root(AUTHORITY)
     traefik = start_traefik(workdir, etcd.url, root, settings.default_entrypoints)
     runners = []
     try:

@@ -1,7 +1,8 @@
-"""The one exception hierarchy of the exporter.
+"""The one exception tree of the exporter: every error it raises is an `ExporterError`.
 
-Each class means one thing a caller can act on; the push API maps them one-to-one
-onto its JSON error `type` and HTTP status (see docs/api.md).
+Each class means one thing a caller can act on. Domain code never knows HTTP: the push
+API maps these classes onto statuses in one table (`sources/api.py`), the CLI onto exit
+codes.
 """
 
 from __future__ import annotations
@@ -10,9 +11,7 @@ from typing import Any
 
 
 class ExporterError(Exception):
-    """Base class. `status` is the HTTP status the push API answers with."""
-
-    status = 500
+    """Base class: a one-line `title` and structured `data` (both safe to show; never a secret)."""
 
     def __init__(self, title: str, data: dict[str, Any] | None = None) -> None:
         super().__init__(title)
@@ -32,46 +31,51 @@ class ExporterError(Exception):
 class ValidationFailed(ExporterError):
     """Input did not validate; `data.errors` lists every field error."""
 
-    status = 400
-
 
 class Unauthorized(ExporterError):
     """Missing or wrong bearer token."""
-
-    status = 401
 
 
 class StaleRevisionError(ExporterError):
     """A revision lower than the stored one, or the same revision with other content."""
 
-    status = 409
-
 
 class BodyTooLarge(ExporterError):
     """The request body is over the configured limit."""
-
-    status = 413
 
 
 class UnsupportedMediaType(ExporterError):
     """The request body is not JSON."""
 
-    status = 415
-
 
 class EtcdUnavailable(ExporterError):
-    """etcd could not be reached or did not answer in time; nothing was written."""
-
-    status = 503
+    """A request could not be committed because etcd is unreachable; nothing of it was written."""
 
 
 class TemplateError(ExporterError):
     """An ingress renders (through the templates) to something Traefik would reject; nothing is written."""
 
-    status = 400
-
 
 class ConfigError(ExporterError):
     """The exporter's own configuration is invalid."""
 
-    status = 500
+
+class RecordDecodeError(ExporterError):
+    """A stored record that does not decode (written by something else, or by an older version)."""
+
+
+class EtcdError(ExporterError):
+    """etcd failed or could not be reached. `unavailable` is True for connection-level failures."""
+
+    def __init__(self, message: str, *, unavailable: bool = False, status: int | None = None) -> None:
+        super().__init__(message)
+        self.unavailable = unavailable
+        self.status = status
+
+
+class WatchCanceled(EtcdError):
+    """The watch was canceled by etcd; `compact_revision` is set when history was compacted."""
+
+    def __init__(self, message: str, compact_revision: int) -> None:
+        super().__init__(message)
+        self.compact_revision = compact_revision

@@ -29,6 +29,8 @@ from pydantic import (
     model_validator,
 )
 
+from .keys import IngressRef
+
 # Bounds (documented in docs/ingress.md).
 MAX_HOSTS = 32
 MAX_SERVERS = 256
@@ -380,9 +382,9 @@ class Ingress(_Strict):
         return self
 
     @property
-    def key(self) -> tuple[str, str]:
+    def key(self) -> IngressRef:
         """(authority, id): the identity of the ingress."""
-        return (self.authority, self.id)
+        return IngressRef(self.authority, self.id)
 
 
 def _servers_of(ingress: Ingress) -> list[str]:
@@ -403,7 +405,7 @@ class IngressFile(_Strict):
     @field_validator("ingresses")
     @classmethod
     def _unique(cls, value: list[Ingress]) -> list[Ingress]:
-        seen: set[tuple[str, str]] = set()
+        seen: set[IngressRef] = set()
         for ingress in value:
             if ingress.key in seen:
                 raise ValueError(f"ingress {ingress.authority}/{ingress.id} appears more than once")
@@ -411,7 +413,7 @@ class IngressFile(_Strict):
         return value
 
 
-class IngressRef(_Strict):
+class RemoveItem(_Strict):
     """What a remove request names."""
 
     authority: DnsLabel
@@ -422,7 +424,7 @@ class IngressRef(_Strict):
 class RemoveRequest(_Strict):
     """The body of `POST /v2/ingress/remove`."""
 
-    ingresses: list[IngressRef] = Field(max_length=MAX_INGRESSES_PER_REQUEST)
+    ingresses: list[RemoveItem] = Field(max_length=MAX_INGRESSES_PER_REQUEST)
 
 
 def field_errors(error: ValidationError) -> list[dict[str, str]]:

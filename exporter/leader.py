@@ -20,7 +20,9 @@ from collections.abc import Callable
 from loguru import logger
 from prometheus_client import Gauge
 
-from .etcd.client import Compare, EtcdClient, EtcdError, Op
+from .errors import EtcdError
+from .etcd.store import EtcdStore
+from .etcd.types import Compare, Op
 
 IS_LEADER = Gauge("exporter_leader", "1 while this exporter is the leader")
 
@@ -31,33 +33,44 @@ def default_identity() -> str:
 
 
 class Leadership:
-    """Campaigns for `key`; `is_leader` and `fence()` tell the rest of the daemon where it stands."""
+    """Campaigns for `key`; `is_leader()` and `fence()` tell the rest of the daemon where it stands (a LeaderPolicy).
 
-    def __init__(self, etcd: EtcdClient, key: str, ttl: int = 10, identity: str | None = None) -> None:
+    `on_change` is told of every change of leadership (True: this exporter became leader).
+    """
+
+    def __init__(
+        self, etcd: EtcdStore, key: str, ttl: int = 10, *, on_change: Callable[[bool], None] | None = None,
+        identity: str | None = None,
+    ) -> None:
         self.etcd = etcd
         self.key = key
         self.ttl = ttl
         self.identity = identity or default_identity()
-        self.is_leader = False
+        self._leading = False
         self.leader: str | None = None
         self.create_revision = 0
-        self.on_change: Callable[[bool], None] = lambda _leader: None
+        self._on_change = on_change
         self._lease = 0
         self._last_renewed = 0.0
         self._stopping = False
 
+    def is_leader(self) -> bool:
+        """True while this exporter holds the election key."""
+        return self._leading
+
     def fence(self) -> list[Compare]:
         """The compare every leader-only transaction carries (empty when not leader)."""
-        if not self.is_leader:
+        if not self._leading:
             return []
         return [Compare(self.key, "EQUAL", self.create_revision, target="CREATE")]
 
     def _set(self, leader: bool, why: str) -> None:
-        if leader != self.is_leader:
-            self.is_leader = leader
+        if leader != self._leading:
+            self._leading = leader
             IS_LEADER.set(1 if leader else 0)
             logger.info("{} leader ({}; key {} rev {})", "became" if leader else "is no longer", why, self.key, self.create_revision)
-            self.on_change(leader)
+            if self._on_change is not None:
+                self._on_change(leader)
 
     async def run(self) -> None:
         """Campaign and keep the lease alive until stopped."""
@@ -66,9 +79,9 @@ class Leadership:
             try:
                 await self._step()
                 backoff = 0.2
-                await asyncio.sleep(self.ttl / 3 if self.is_leader else min(0.5, self.ttl / 4))
+                await asyncio.sleep(self.ttl / 3 if self._leading else min(0.5, self.ttl / 4))
             except EtcdError as exc:
-                if self.is_leader and time.monotonic() - self._last_renewed > self.ttl:
+                if self._leading and time.monotonic() - self._last_renewed > self.ttl:
                     self._set(False, f"lease not renewed for {self.ttl}s: {exc}")
                     self._lease = 0
                 await asyncio.sleep(backoff)
@@ -85,7 +98,7 @@ class Leadership:
         if not self._lease:
             self._lease = await self.etcd.lease_grant(self.ttl)
             self._last_renewed = time.monotonic()
-        if self.is_leader:
+        if self._leading:
             current = await self.etcd.get(self.key)
             if current is None or current.create_revision != self.create_revision:
                 self._set(False, "election key changed")

@@ -16,7 +16,8 @@ from exporter.config import Settings
 from exporter.daemon import Daemon, build_reconciler
 from exporter.embedded import EmbeddedEtcd, EmbeddedTraefik, start_etcd, start_traefik
 from exporter.etcd.client import EtcdClient
-from exporter.reconciler import Reconciler
+from exporter.keys import IngressRef
+from exporter.reconcile import Reconciler, Removal
 from exporter.store.records import Record
 from tests.helpers import AUTHORITY, Backend
 
@@ -73,7 +74,7 @@ class Ingresses:
 
     def __init__(self, reconciler: Reconciler) -> None:
         self.reconciler = reconciler
-        self.owned: dict[tuple[str, str], int] = {}
+        self.owned: dict[IngressRef, int] = {}
 
     async def upsert(self, *records: Record) -> None:
         await self.reconciler.submit(list(records))
@@ -81,11 +82,11 @@ class Ingresses:
             self.owned[r.key] = r.revision
 
     async def remove(self, *keys: tuple[str, str]) -> None:
-        await self.reconciler.submit([], [(a, i, self.owned.pop((a, i))) for a, i in keys])
+        await self.reconciler.submit([], [Removal(IngressRef(a, i), self.owned.pop(IngressRef(a, i))) for a, i in keys])
 
     async def cleanup(self) -> None:
         if self.owned:
-            await self.reconciler.submit([], [(a, i, rev) for (a, i), rev in self.owned.items()])
+            await self.reconciler.submit([], [Removal(ref, rev) for ref, rev in self.owned.items()])
             self.owned.clear()
 
 

@@ -1,19 +1,28 @@
-"""Test helpers: polling with a deadline, ingress builders, real HTTP backends."""
+"""Test helpers: polling with a deadline, ingress builders, real HTTP backends, "does Traefik serve it"
+predicates, the daemon launcher, and an etcd wrapper that runs a hook before a transaction."""
 
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import ssl
+import subprocess
+import sys
 import time
 import uuid
 from collections import Counter
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from pathlib import Path
+from typing import IO, Any, TypeVar
 
+import aiohttp
 from aiohttp import web
 
 from exporter.embedded import free_port
+from exporter.etcd.store import EtcdStore
+from exporter.etcd.types import Compare, KeyValue, Op, RangePage, TxnResult, WatchEvent
 from exporter.ingress import Ingress
 from exporter.store.records import Record
 
@@ -114,13 +123,13 @@ class Backend:
             self._runner = None
 
 
-async def get_via(session: Any, base_url: str, host: str, path: str = "/", **kwargs: Any) -> tuple[int, str]:
+async def get_via(session: aiohttp.ClientSession, base_url: str, host: str, path: str = "/", **kwargs: Any) -> tuple[int, str]:
     """One request through Traefik with the given Host header."""
     async with session.get(base_url + path, headers={"Host": host}, **kwargs) as resp:
         return resp.status, await resp.text()
 
 
-async def traefik_object(session: Any, api_url: str, kind: str, name: str) -> dict[str, Any] | None:
+async def traefik_object(session: aiohttp.ClientSession, api_url: str, kind: str, name: str) -> dict[str, Any] | None:
     """A router or service from Traefik's API (`kind` like `http/routers`), or None if absent."""
     async with session.get(f"{api_url}/api/{kind}/{name}@etcd") as resp:
         if resp.status == 404:
@@ -130,9 +139,87 @@ async def traefik_object(session: Any, api_url: str, kind: str, name: str) -> di
         return data
 
 
-async def router_enabled(session: Any, api_url: str, name: str, kind: str = "http/routers") -> bool:
+async def router_enabled(session: aiohttp.ClientSession, api_url: str, name: str, kind: str = "http/routers") -> bool:
     """True when Traefik lists the router enabled with no error."""
     router = await traefik_object(session, api_url, kind, name)
     assert router is not None, f"router {name} not in Traefik"
     assert router.get("status") == "enabled" and not router.get("error"), router
     return True
+
+
+async def serves(
+    session: aiohttp.ClientSession, web_url: str, host: str, *, path: str = "/", status: int = 200, body: str | None = None
+) -> bool:
+    """True when Traefik answers `host` + `path` with `status` (and with `body`, when given)."""
+    got, text = await get_via(session, web_url, host, path)
+    return got == status and (body is None or text == body)
+
+
+async def is_ready(session: aiohttp.ClientSession, control_url: str) -> bool:
+    """True when a daemon's `/readyz` answers 200 (`control_url` like `http://127.0.0.1:8571`)."""
+    async with session.get(f"{control_url}/readyz") as resp:
+        return resp.status == 200
+
+
+def start_daemon(
+    config: Path, log: Path | None = None, *args: str, env: Mapping[str, str] | None = None, capture: bool = False
+) -> subprocess.Popen[bytes]:
+    """`traefik-etcd-exporter run --config CONFIG ARGS` as a child, its output appended to `log` (or piped when `capture`)."""
+    out: IO[bytes] | int = subprocess.PIPE if capture else log.open("ab") if log is not None else subprocess.DEVNULL
+    return subprocess.Popen(
+        [sys.executable, "-m", "exporter", "run", "--config", str(config), *args],
+        env={**os.environ, **(env or {})}, stdout=out, stderr=subprocess.STDOUT,
+    )
+
+
+def stop_daemon(proc: subprocess.Popen[bytes], timeout: float = 20) -> str:
+    """SIGTERM (after SIGCONT, should it be paused) and wait; SIGKILL past `timeout`. Returns captured output."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGCONT)
+        proc.terminate()
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, _ = proc.communicate()
+    return (out or b"").decode(errors="replace")
+
+
+def run_cli(*args: str, env: Mapping[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """`traefik-etcd-exporter ARGS` to completion, output captured."""
+    return subprocess.run(
+        [sys.executable, "-m", "exporter", *args], capture_output=True, text=True, timeout=60,
+        env={**os.environ, **(env or {})},
+    )
+
+
+class HookedEtcd:
+    """An EtcdStore that runs `before_txn` (once) before the next transaction: a peer's write in between."""
+
+    def __init__(self, inner: EtcdStore) -> None:
+        self.inner = inner
+        self.before_txn: Callable[[], Awaitable[None]] | None = None
+
+    async def get(self, key: str) -> KeyValue | None:
+        return await self.inner.get(key)
+
+    async def range_prefix(self, prefix: str, *, revision: int = 0) -> RangePage:
+        return await self.inner.range_prefix(prefix, revision=revision)
+
+    async def txn(self, compares: Sequence[Compare], ops: Sequence[Op]) -> TxnResult:
+        hook, self.before_txn = self.before_txn, None
+        if hook is not None:
+            await hook()
+        return await self.inner.txn(compares, ops)
+
+    def watch_prefix(self, prefix: str, start_revision: int, idle_timeout: float) -> AsyncIterator[list[WatchEvent]]:
+        return self.inner.watch_prefix(prefix, start_revision, idle_timeout)
+
+    async def lease_grant(self, ttl: int) -> int:
+        return await self.inner.lease_grant(ttl)
+
+    async def lease_keepalive(self, lease: int) -> int:
+        return await self.inner.lease_keepalive(lease)
+
+    async def lease_revoke(self, lease: int) -> None:
+        await self.inner.lease_revoke(lease)

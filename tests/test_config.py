@@ -17,7 +17,7 @@ def test_defaults_match_the_design() -> None:
     assert s.default_entrypoints == ["web"]
     assert s.api.listen == "127.0.0.1:8570" and s.control.listen == "127.0.0.1:8571"
     assert s.etcd.max_txn_ops == 128
-    assert s.root_for("edge") == "traefik/worker_edge"
+    assert s.layout().root("edge") == "traefik/worker_edge"
 
 
 def test_yaml_file_with_env_override_and_relative_paths(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

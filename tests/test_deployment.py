@@ -70,7 +70,7 @@ def test_compose_traefik_and_the_test_traefik_agree() -> None:
     assert set(static["entryPoints"]) == {k.split(".")[1] for k in flags if k.startswith("entryPoints.")}
     assert set(settings.default_entrypoints) <= set(static["entryPoints"])
     # compose/ingresses are for authority `edge`: its root must be what this Traefik reads.
-    assert static["providers"]["etcd"]["rootKey"] == settings.root_for("edge")
+    assert static["providers"]["etcd"]["rootKey"] == settings.layout().root("edge")
 
 
 def test_dockerfile_is_small_non_root_with_a_healthcheck_and_no_test_extras() -> None:

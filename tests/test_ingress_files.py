@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from exporter.reconciler import Reconciler
+from exporter.reconcile import Reconciler
 from exporter.sources.files import IngressFiles
 from tests.conftest import ROOT
 from tests.helpers import AUTHORITY, eventually, ingress_yaml, uid

@@ -9,17 +9,19 @@ from exporter.plan.plan import Change, Plan, UnitPlan, order_changes, plan_ingre
 from exporter.plan.planner import Planner
 from exporter.render.renderer import Renderer
 from exporter.render.root_keys import DefaultCertificate
-from exporter.store.records import decode_record, record_key
+from exporter.keys import IngressRef, KeyLayout
+from exporter.store.records import decode_record
 from exporter.write.packing import pack
 from tests.helpers import record
 
 PREFIX = "records"
+LAYOUT = KeyLayout("traefik/worker_{authority}", PREFIX)
 CERT = DefaultCertificate("CERT", "KEY", generated=True)
 UP = {"servers": [{"url": "http://10.0.0.5:8000"}]}
 
 
 def planner() -> Planner:
-    return Planner(Renderer("traefik/worker_{authority}", ["web"]), PREFIX, CERT)
+    return Planner(Renderer(LAYOUT, ["web"]), LAYOUT, CERT)
 
 
 def observed_after(plan: Plan, obs: Observed, revision: int = 10) -> None:
@@ -28,7 +30,7 @@ def observed_after(plan: Plan, obs: Observed, revision: int = 10) -> None:
 
 
 def test_first_plan_creates_root_keys_record_and_objects_with_guards() -> None:
-    obs = Observed("traefik/worker_{authority}", PREFIX)
+    obs = Observed(LAYOUT)
     rec = record("llama", upstream=UP)
     plan = planner().plan({rec.key: rec}, obs)
     root, unit = plan.units
@@ -40,14 +42,14 @@ def test_first_plan_creates_root_keys_record_and_objects_with_guards() -> None:
     }
     assert unit.name == "test/llama"
     assert all(c.sign == "+" for c in unit.changes)
-    assert unit.changes[0].key == record_key(PREFIX, "test", "llama")
+    assert unit.changes[0].key == LAYOUT.record_key(IngressRef("test", "llama"))
     # Record must not exist yet; each object subtree must be empty.
     assert unit.compares[0] == Compare("records/test/llama", "EQUAL", 0)
     assert Compare("traefik/worker_test/http/routers/test_llama/", "LESS", 1, prefix=True) in unit.compares
 
 
 def test_idle_plan_is_empty() -> None:
-    obs = Observed("traefik/worker_{authority}", PREFIX)
+    obs = Observed(LAYOUT)
     rec = record("llama", upstream=UP)
     p = planner()
     observed_after(p.plan({rec.key: rec}, obs), obs)
@@ -56,7 +58,7 @@ def test_idle_plan_is_empty() -> None:
 
 
 def test_update_changes_only_what_differs_and_guards_on_observed_revisions() -> None:
-    obs = Observed("traefik/worker_{authority}", PREFIX)
+    obs = Observed(LAYOUT)
     p = planner()
     v1 = record("llama", upstream=UP)
     observed_after(p.plan({v1.key: v1}, obs), obs, revision=7)
@@ -69,7 +71,7 @@ def test_update_changes_only_what_differs_and_guards_on_observed_revisions() -> 
 
 
 def test_removal_deletes_every_owned_key_and_the_record() -> None:
-    obs = Observed("traefik/worker_{authority}", PREFIX)
+    obs = Observed(LAYOUT)
     p = planner()
     rec = record("llama", upstream=UP)
     observed_after(p.plan({rec.key: rec}, obs), obs)
@@ -81,7 +83,7 @@ def test_removal_deletes_every_owned_key_and_the_record() -> None:
 
 
 def test_drift_inside_an_owned_object_is_repaired_and_foreign_keys_are_reported() -> None:
-    obs = Observed("traefik/worker_{authority}", PREFIX)
+    obs = Observed(LAYOUT)
     p = planner()
     rec = record("llama", upstream=UP)
     observed_after(p.plan({rec.key: rec}, obs), obs)
@@ -99,7 +101,7 @@ def test_drift_inside_an_owned_object_is_repaired_and_foreign_keys_are_reported(
 
 
 def test_generated_certificate_is_only_created_never_replaced() -> None:
-    obs = Observed("traefik/worker_{authority}", PREFIX)
+    obs = Observed(LAYOUT)
     rec = record("llama", upstream=UP)
     obs.set("traefik/worker_test/tls/stores/default/defaultCertificate/certFile", "OTHER", 3)
     obs.set("traefik/worker_test/tls/stores/default/defaultCertificate/keyFile", "OTHERKEY", 3)
@@ -123,7 +125,7 @@ def test_order_changes_never_leaves_a_router_pointing_at_nothing() -> None:
 
 def _unit(name: str, n: int, compares: int = 2) -> UnitPlan:
     changes = [Change(f"{name}/k{i}", None, "v") for i in range(n)]
-    return UnitPlan(name, changes, [Compare(f"{name}/c{i}", "EQUAL", 0) for i in range(compares)], owner=("a", name))
+    return UnitPlan(name, changes, [Compare(f"{name}/c{i}", "EQUAL", 0) for i in range(compares)], owner=IngressRef("a", name))
 
 
 def test_packing_fills_transactions_on_unit_boundaries() -> None:
@@ -137,7 +139,7 @@ def test_packing_fills_transactions_on_unit_boundaries() -> None:
 def test_packing_respects_the_compare_budget_and_bytes() -> None:
     txns, _ = pack([[_unit(f"u{i}", 1, compares=50)] for i in range(5)], 128, 1_000_000)
     assert [len(t.compares) for t in txns] == [100, 100, 50]
-    big = [[UnitPlan(f"u{i}", [Change(f"k{i}", None, "x" * 4000)], [], owner=("a", f"u{i}"))] for i in range(10)]
+    big = [[UnitPlan(f"u{i}", [Change(f"k{i}", None, "x" * 4000)], [], owner=IngressRef("a", f"u{i}"))] for i in range(10)]
     txns, _ = pack(big, 128, 20_000)
     assert len(txns) > 1 and all(t.bytes <= 20_000 for t in txns)
 
@@ -149,7 +151,7 @@ def test_a_request_group_shares_one_transaction_when_it_fits() -> None:
 
 
 def test_an_oversized_removal_is_split_with_the_tombstone_first() -> None:
-    obs = Observed("traefik/worker_{authority}", PREFIX)
+    obs = Observed(LAYOUT)
     p = planner()
     servers = {"servers": [{"url": f"http://10.0.{n // 250}.{n % 250}:80"} for n in range(200)]}
     rec = record("llama", upstream=servers)
@@ -186,7 +188,7 @@ def test_a_tombstone_refuses_older_upserts_and_accepts_newer() -> None:
 
 def test_plan_ingress_with_no_difference_is_none() -> None:
     assert plan_ingress(
-        owner=("a", "b"), desired={"k": "v"}, observed_objects={"o": {"k": ("v", 3)}}, desired_objects=("o",),
+        owner=IngressRef("a", "b"), desired={"k": "v"}, observed_objects={"o": {"k": ("v", 3)}}, desired_objects=("o",),
         record_key="rec", desired_record=None, observed_record=None,
     ) is None
 

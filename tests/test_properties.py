@@ -11,10 +11,11 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from exporter.ingress import Ingress
+from exporter.keys import KeyLayout
 from exporter.render.renderer import Renderer
 from tests.strategies import dangerous, http_ingress, label
 
-RENDERER = Renderer("traefik/worker_{authority}", ["web"])
+RENDERER = Renderer(KeyLayout(), ["web"])
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])

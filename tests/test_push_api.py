@@ -14,6 +14,8 @@ import yaml
 from exporter.daemon import Daemon, build_reconciler
 from exporter.embedded import free_port
 from exporter.etcd.client import EtcdClient
+from exporter.keys import IngressRef
+from exporter.reconcile import Removal
 from tests.conftest import API_MAX_BODY, API_TOKEN, ROOT, settings_for
 from tests.helpers import AUTHORITY, Backend, eventually, get_via, record, uid
 
@@ -407,7 +409,7 @@ async def test_tombstones_expire_after_their_ttl(etcd) -> None:
         try:
             iid = uid()
             await rec.submit([record(iid, upstream={"servers": [{"url": "http://127.0.0.1:9"}]})])
-            await rec.submit([], [(AUTHORITY, iid, 2)])
+            await rec.submit([], [Removal(IngressRef(AUTHORITY, iid), 2)])
             tomb = await client.get(f"{space}/records/{AUTHORITY}/{iid}")
             assert tomb is not None and '"removed":true' in tomb.value
             passes = rec.status.full_passes

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from exporter.errors import TemplateError
+from exporter.keys import KeyLayout
 from exporter.render.flatten import flatten
 from exporter.render.renderer import BUILTIN_TEMPLATES, Renderer
 from exporter.render.traefik_schema import Fragment
@@ -17,7 +18,7 @@ ROOT = "traefik/worker_test"
 
 @pytest.fixture
 def renderer() -> Renderer:
-    return Renderer("traefik/worker_{authority}", ["web"])
+    return Renderer(KeyLayout(), ["web"])
 
 
 def keys(renderer: Renderer, **fields: object) -> dict[str, str]:
@@ -161,7 +162,7 @@ def _override(tmp_path: Path, body_replace: tuple[str, str]) -> Renderer:
     text = (BUILTIN_TEMPLATES / "http.json.j2").read_text()
     assert body_replace[0] in text
     (tmp_path / "http.json.j2").write_text(text.replace(*body_replace))
-    return Renderer("traefik/worker_{authority}", ["web"], tmp_path)
+    return Renderer(KeyLayout(), ["web"], tmp_path)
 
 
 def test_template_rendering_priority_abc_is_rejected_with_its_name(tmp_path: Path) -> None:

@@ -2,24 +2,29 @@
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import AsyncIterator
 from typing import Any
 
+import aiohttp
 import pytest
 
 from exporter.daemon import build_reconciler
 from exporter.embedded import EmbeddedEtcd, EmbeddedTraefik
 from exporter.errors import StaleRevisionError
 from exporter.etcd.client import EtcdClient
-from exporter.reconciler import Reconciler
+from exporter.keys import IngressRef
+from exporter.reconcile import Reconciler, Removal
 from exporter.write import metrics
 from tests.conftest import ROOT, settings_for
 from tests.helpers import (
     AUTHORITY,
     Backend,
+    HookedEtcd,
     eventually,
-    get_via,
     record,
     router_enabled,
+    serves,
     uid,
 )
 from tests.replay import replay
@@ -29,13 +34,6 @@ pytestmark = pytest.mark.integration
 
 def servers(*backends: Backend) -> dict[str, Any]:
     return {"servers": [{"url": b.url} for b in backends]}
-
-
-async def serves(http, traefik: EmbeddedTraefik, host: str, body: str | None) -> bool:  # type: ignore[no-untyped-def]
-    status, text = await get_via(http, traefik.url("web"), host)
-    if body is None:
-        return status == 404
-    return status == 200 and text == body
 
 
 async def test_history_replay_has_no_dangling_reference_at_any_revision(
@@ -51,10 +49,10 @@ async def test_history_replay_has_no_dangling_reference_at_any_revision(
     await ingresses.upsert(record(one, revision=3, upstream=servers(a, b), canary={"weight": 50, "upstream": servers(c)}))
     await ingresses.upsert(record(one, revision=4, upstream=servers(b)))
     await ingresses.upsert(record(two, revision=2, upstream=servers(c)))
-    await eventually(lambda: serves(http, traefik, f"{one}.test", "b"))
-    await eventually(lambda: serves(http, traefik, f"{two}.test", "c"))
+    await eventually(lambda: serves(http, traefik.url("web"), f"{one}.test", body="b"))
+    await eventually(lambda: serves(http, traefik.url("web"), f"{two}.test", body="c"))
     await ingresses.remove((AUTHORITY, two))
-    await eventually(lambda: serves(http, traefik, f"{two}.test", None))
+    await eventually(lambda: serves(http, traefik.url("web"), f"{two}.test", status=404))
     violations, checked = await replay(etcd.url, ROOT, start)
     assert violations == []
     assert checked >= 6  # one request (root keys + 2 creates), 4 updates, 1 delete: a revision each
@@ -73,64 +71,63 @@ async def test_idle_reconcile_with_200_ingresses_adds_no_revision(ingresses, rec
     assert await etcd_client.revision() == before
 
 
+@contextlib.asynccontextmanager
+async def hooked_reconciler(etcd_url: str, records: str) -> AsyncIterator[tuple[Reconciler, HookedEtcd]]:
+    """A reconciler of its own (records under `records`) whose transactions can be preceded by a hook."""
+    async with EtcdClient([etcd_url]) as client:
+        hooked = HookedEtcd(client)
+        rec = build_reconciler(settings_for(etcd_url, records_prefix=records), hooked)
+        await rec.start()
+        await rec.wait_synced(20)
+        try:
+            yield rec, hooked
+        finally:
+            await rec.stop()
+
+
 async def test_a_foreign_edit_between_plan_and_commit_fails_the_txn_and_replans(
-    ingresses, reconciler: Reconciler, etcd_client, traefik, http, backends
+    etcd: EmbeddedEtcd, etcd_client: EtcdClient, traefik: EmbeddedTraefik, http: aiohttp.ClientSession,
+    backends: list[Backend],
 ) -> None:
     backends.append(await Backend("mine").start())
     iid = uid()
-    await ingresses.upsert(record(iid, upstream=servers(backends[0])))
     rule_key = f"{ROOT}/http/routers/{AUTHORITY}_{iid}/rule"
-    writer_client = reconciler._writer._etcd
-    real_txn = writer_client.txn
-    calls = []
+    async with hooked_reconciler(etcd.url, f"{uid('fe')}/records") as (rec, hooked):
+        await rec.submit([record(iid, upstream=servers(backends[0]))])
 
-    async def intercept(compares, ops):  # type: ignore[no-untyped-def]
-        if not calls:
-            calls.append(1)
+        async def hijack() -> None:
             await etcd_client.put(rule_key, "Host(`hijacked.test`)")
-        return await real_txn(compares, ops)
 
-    conflicts = metrics.TXNS.labels("conflict")._value.get()
-    writer_client.txn = intercept
-    try:
-        await ingresses.upsert(record(iid, revision=2, upstream=servers(backends[0]), path_prefix="/v2"))
-    finally:
-        writer_client.txn = real_txn
-    assert metrics.TXNS.labels("conflict")._value.get() == conflicts + 1
-    assert (await etcd_client.get(rule_key)).value == f"Host(`{iid}.test`) && PathPrefix(`/v2`)"
-    await eventually(lambda: _status(http, traefik, f"{iid}.test", "/v2/x", 200))
+        conflicts = metrics.TXNS.labels("conflict")._value.get()
+        hooked.before_txn = hijack
+        await rec.submit([record(iid, revision=2, upstream=servers(backends[0]), path_prefix="/v2")])
+        assert metrics.TXNS.labels("conflict")._value.get() == conflicts + 1
+        kv = await etcd_client.get(rule_key)
+        assert kv is not None and kv.value == f"Host(`{iid}.test`) && PathPrefix(`/v2`)"
+        await eventually(lambda: serves(http, traefik.url("web"), f"{iid}.test", path="/v2/x"))
+        await rec.submit([], [Removal(IngressRef(AUTHORITY, iid), 3)])
 
 
-async def test_a_stale_writer_loses_to_a_newer_revision_committed_meanwhile(
-    ingresses, reconciler: Reconciler, etcd: EmbeddedEtcd, etcd_client
-) -> None:
+async def test_a_stale_writer_loses_to_a_newer_revision_committed_meanwhile(etcd: EmbeddedEtcd, etcd_client: EtcdClient) -> None:
     iid = uid()
-    await ingresses.upsert(record(iid, upstream={"servers": [{"url": "http://127.0.0.1:8001"}]}))
-    async with EtcdClient([etcd.url]) as peer_client:
-        peer = build_reconciler(settings_for(etcd.url), peer_client)
-        await peer.start()
-        await peer.wait_synced(20)
-        writer_client = reconciler._writer._etcd
-        real_txn = writer_client.txn
-        newer = record(iid, revision=3, upstream={"servers": [{"url": "http://127.0.0.1:8003"}]})
+    records = f"{uid('st')}/records"
+    async with hooked_reconciler(etcd.url, records) as (rec, hooked):
+        await rec.submit([record(iid, upstream={"servers": [{"url": "http://127.0.0.1:8001"}]})])
+        async with hooked_reconciler(etcd.url, records) as (peer, _):
+            newer = record(iid, revision=3, upstream={"servers": [{"url": "http://127.0.0.1:8003"}]})
 
-        async def peer_first(compares, ops):  # type: ignore[no-untyped-def]
-            writer_client.txn = real_txn
-            await peer.submit([newer])
-            return await real_txn(compares, ops)
+            async def peer_first() -> None:
+                await peer.submit([newer])
 
-        writer_client.txn = peer_first
-        try:
+            hooked.before_txn = peer_first
             with pytest.raises(StaleRevisionError) as info:
-                await reconciler.submit([record(iid, revision=2, upstream={"servers": [{"url": "http://127.0.0.1:8002"}]})])
-        finally:
-            writer_client.txn = real_txn
-            await peer.stop()
-    assert info.value.data["stored_revision"] == 3
-    url = await etcd_client.get(f"{ROOT}/http/services/{AUTHORITY}_{iid}/loadBalancer/servers/000/url")
-    assert url.value == "http://127.0.0.1:8003"
-    assert reconciler.store.get((AUTHORITY, iid)).revision == 3  # type: ignore[union-attr]
-    ingresses.owned[(AUTHORITY, iid)] = 3
+                await rec.submit([record(iid, revision=2, upstream={"servers": [{"url": "http://127.0.0.1:8002"}]})])
+        assert info.value.data["stored_revision"] == 3
+        url = await etcd_client.get(f"{ROOT}/http/services/{AUTHORITY}_{iid}/loadBalancer/servers/000/url")
+        assert url is not None and url.value == "http://127.0.0.1:8003"
+        stored = rec.store.get(IngressRef(AUTHORITY, iid))
+        assert stored is not None and stored.revision == 3
+        await rec.submit([], [Removal(IngressRef(AUTHORITY, iid), 4)])
 
 
 async def test_drift_is_repaired_and_foreign_keys_are_left_alone(
@@ -151,11 +148,12 @@ async def test_drift_is_repaired_and_foreign_keys_are_left_alone(
         await eventually(lambda: _value(etcd_client, url_key, backends[0].url))
         await eventually(lambda: _value(etcd_client, rule_key, f"Host(`{iid}.test`)"))
         await eventually(lambda: _value(etcd_client, f"{ROOT}/http/routers/{name}/priority", "101"))
-        await eventually(lambda: serves(http, traefik, f"{iid}.test", "drift"))
+        await eventually(lambda: serves(http, traefik.url("web"), f"{iid}.test", body="drift"))
         await router_enabled(http, traefik.api, name)
         reconciler.request_full()
         await eventually(lambda: _foreign_reported(reconciler))
-        assert (await etcd_client.get(foreign)).value == "1"  # type: ignore[union-attr]
+        kv = await etcd_client.get(foreign)
+        assert kv is not None and kv.value == "1"
     finally:
         await etcd_client.delete(foreign)
 
@@ -171,7 +169,3 @@ async def _value(etcd_client: EtcdClient, key: str, expected: str) -> bool:
 
 async def _foreign_reported(reconciler: Reconciler) -> bool:
     return reconciler.status.foreign_keys >= 1
-
-
-async def _status(http, traefik, host: str, path: str, expected: int) -> bool:  # type: ignore[no-untyped-def]
-    return (await get_via(http, traefik.url("web"), host, path))[0] == expected

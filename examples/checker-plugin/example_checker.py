@@ -11,11 +11,8 @@ An ingress uses it with:
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
-from exporter.health.checkers import CheckConfig, CheckerTarget, Node
-from exporter.health.state import Outcome
-from exporter.ingress import HealthCheck
+from exporter.plugin import CheckConfig, CheckerTarget, HealthCheck, Node, Outcome, PluginUpstream
 
 
 async def connect(node: Node, check: CheckConfig) -> Outcome:
@@ -31,9 +28,12 @@ async def connect(node: Node, check: CheckConfig) -> Outcome:
 
 
 class TcpConnectKind:
+    """The `tcp-connect` kind."""
+
     kind = "tcp-connect"
 
-    def targets(self, group: Any, resource: str, defaults: HealthCheck, protocol: str = "http") -> list[CheckerTarget]:
+    def targets(self, group: PluginUpstream, resource: str, defaults: HealthCheck, protocol: str = "http") -> list[CheckerTarget]:
+        """One checker per server of the group, each probed by `connect`."""
         check = CheckConfig(
             type="tcp",
             interval=defaults.interval,

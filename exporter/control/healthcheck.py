@@ -9,8 +9,7 @@ from typing import Any
 from aiohttp import web
 
 from ..health.engine import HealthEngine
-
-Owner = tuple[str, str]
+from ..keys import IngressRef
 
 
 def _render(request: web.Request, entries: list[dict[str, Any]], title: str, headers: dict[str, str]) -> web.Response:
@@ -41,7 +40,7 @@ def _render(request: web.Request, entries: list[dict[str, Any]], title: str, hea
 
 
 def healthcheck_routes(
-    engine: HealthEngine, exists: Callable[[Owner], bool], headers: Callable[[], dict[str, str]] = dict
+    engine: HealthEngine, exists: Callable[[IngressRef], bool], headers: Callable[[], dict[str, str]] = dict
 ) -> list[web.RouteDef]:
     """The routes of the health views; `exists` tells whether an ingress is stored.
 
@@ -52,7 +51,7 @@ def healthcheck_routes(
         return _render(request, engine.checkers(), "health checkers", headers())
 
     async def one(request: web.Request) -> web.Response:
-        owner = (request.match_info["authority"], request.match_info["id"])
+        owner = IngressRef(request.match_info["authority"], request.match_info["id"])
         resource = request.match_info["resource"]
         if resource != "checkers":
             return web.json_response(
@@ -60,9 +59,9 @@ def healthcheck_routes(
             )
         if not exists(owner):
             return web.json_response(
-                {"type": "NotFound", "title": f"ingress {owner[0]}/{owner[1]} does not exist", "data": {}}, status=404
+                {"type": "NotFound", "title": f"ingress {owner} does not exist", "data": {}}, status=404
             )
-        return _render(request, engine.checkers(owner), f"health checkers of {owner[0]}/{owner[1]}", headers())
+        return _render(request, engine.checkers(owner), f"health checkers of {owner}", headers())
 
     return [
         web.get("/v1/healthcheck", all_checkers),

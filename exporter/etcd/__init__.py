@@ -1,5 +1,11 @@
-"""The etcd store: a thin client of etcd's v3 JSON gateway (range, txn, watch)."""
+"""etcd: the `EtcdStore` protocol the components use, its value types, and the gateway client."""
 
-from .client import Compare, EtcdClient, EtcdError, KeyValue, Op, TxnResult
+from ..errors import EtcdError, WatchCanceled
+from .client import EtcdClient, EtcdSecurity
+from .store import EtcdStore
+from .types import Compare, KeyValue, Op, RangePage, TxnResult, WatchEvent
 
-__all__ = ["Compare", "EtcdClient", "EtcdError", "KeyValue", "Op", "TxnResult"]
+__all__ = [
+    "Compare", "EtcdClient", "EtcdError", "EtcdSecurity", "EtcdStore", "KeyValue", "Op", "RangePage", "TxnResult",
+    "WatchCanceled", "WatchEvent",
+]

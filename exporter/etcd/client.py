@@ -13,136 +13,15 @@ import json
 import ssl
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 import aiohttp
 
+from ..errors import EtcdError, WatchCanceled
+from .types import Compare, KeyValue, Op, RangePage, TxnResult, WatchEvent, b64, b64_range_end, kv_of
+
 # One watch response is one JSON line; a burst of large transactions can make it big.
 _MAX_WATCH_LINE = 64 * 1024 * 1024
-
-
-class EtcdError(Exception):
-    """etcd failed or could not be reached. `unavailable` is True for connection-level failures."""
-
-    def __init__(self, message: str, *, unavailable: bool = False, status: int | None = None) -> None:
-        super().__init__(message)
-        self.unavailable = unavailable
-        self.status = status
-
-
-class WatchCanceled(EtcdError):
-    """The watch was canceled by etcd; `compact_revision` is set when history was compacted."""
-
-    def __init__(self, message: str, compact_revision: int) -> None:
-        super().__init__(message)
-        self.compact_revision = compact_revision
-
-
-def _b64(data: str) -> str:
-    return base64.b64encode(data.encode()).decode()
-
-
-def _unb64(data: str | None) -> str:
-    return base64.b64decode(data).decode() if data else ""
-
-
-def _b64_range_end(prefix: str) -> str:
-    raw = bytearray(prefix.encode())
-    while raw:
-        if raw[-1] < 0xFF:
-            raw[-1] += 1
-            return base64.b64encode(bytes(raw)).decode()
-        raw.pop()
-    return base64.b64encode(b"\x00").decode()
-
-
-@dataclass(frozen=True, slots=True)
-class KeyValue:
-    """One key as read from etcd."""
-
-    key: str
-    value: str
-    mod_revision: int
-    create_revision: int
-
-
-@dataclass(frozen=True, slots=True)
-class Compare:
-    """A txn guard on a key's mod_revision (or create_revision with `target="CREATE"`).
-
-    `prefix=True` compares every key under `key` (one range compare).
-    """
-
-    key: str
-    result: Literal["EQUAL", "LESS", "GREATER", "NOT_EQUAL"]
-    mod_revision: int
-    prefix: bool = False
-    target: Literal["MOD", "CREATE"] = "MOD"
-
-    def to_json(self) -> dict[str, Any]:
-        field = "mod_revision" if self.target == "MOD" else "create_revision"
-        out = {"key": _b64(self.key), "target": self.target, "result": self.result, field: str(self.mod_revision)}
-        if self.prefix:
-            out["range_end"] = _b64_range_end(self.key)
-        return out
-
-
-@dataclass(frozen=True, slots=True)
-class Op:
-    """A txn operation: put `value` at `key` (attached to `lease` if set), or delete `key` when `value` is None."""
-
-    key: str
-    value: str | None
-    lease: int = 0
-
-    def to_json(self) -> dict[str, Any]:
-        if self.value is None:
-            return {"request_delete_range": {"key": _b64(self.key)}}
-        put = {"key": _b64(self.key), "value": _b64(self.value)}
-        if self.lease:
-            put["lease"] = str(self.lease)
-        return {"request_put": put}
-
-    def size(self) -> int:
-        """Approximate bytes this op adds to a request (base64 inflates by 4/3)."""
-        return (len(self.key) + len(self.value or "")) * 4 // 3 + 48
-
-
-@dataclass(slots=True)
-class TxnResult:
-    """The outcome of a txn: `succeeded` False means a compare failed and nothing was applied."""
-
-    succeeded: bool
-    revision: int
-
-
-class WatchEvent:
-    """One key change seen by a watch; key and value are decoded only when asked for."""
-
-    __slots__ = ("_kv", "mod_revision", "deleted")
-
-    def __init__(self, kv: dict[str, Any], mod_revision: int, deleted: bool) -> None:
-        self._kv = kv
-        self.mod_revision = mod_revision
-        self.deleted = deleted
-
-    @property
-    def key(self) -> str:
-        """The key that changed."""
-        return _unb64(self._kv["key"])
-
-    @property
-    def value(self) -> str | None:
-        """The new value, or None for a delete."""
-        return None if self.deleted else _unb64(self._kv.get("value"))
-
-
-@dataclass
-class RangePage:
-    """The result of a (paged) range read, pinned to one revision."""
-
-    kvs: list[KeyValue] = field(default_factory=list)
-    revision: int = 0
 
 
 @dataclass(frozen=True)
@@ -255,15 +134,15 @@ class EtcdClient:
 
     async def get(self, key: str) -> KeyValue | None:
         """One key, or None."""
-        reply = await self._post("/v3/kv/range", {"key": _b64(key)})
+        reply = await self._post("/v3/kv/range", {"key": b64(key)})
         kvs = reply.get("kvs") or []
-        return _kv(kvs[0]) if kvs else None
+        return kv_of(kvs[0]) if kvs else None
 
     async def range_prefix(self, prefix: str, *, revision: int = 0) -> RangePage:
         """Every key under `prefix`, read in pages pinned to one revision (never one unbounded read)."""
         page = RangePage()
-        start = _b64(prefix)
-        end = _b64_range_end(prefix)
+        start = b64(prefix)
+        end = b64_range_end(prefix)
         while True:
             body: dict[str, Any] = {"key": start, "range_end": end, "limit": str(self._page_size)}
             if revision:
@@ -273,7 +152,7 @@ class EtcdClient:
                 revision = int(reply["header"]["revision"])
                 page.revision = revision
             kvs = reply.get("kvs") or []
-            page.kvs.extend(_kv(kv) for kv in kvs)
+            page.kvs.extend(kv_of(kv) for kv in kvs)
             if not reply.get("more") or not kvs:
                 return page
             start = base64.b64encode(base64.b64decode(kvs[-1]["key"]) + b"\x00").decode()
@@ -287,17 +166,17 @@ class EtcdClient:
 
     async def put(self, key: str, value: str) -> int:
         """Unguarded put (tests, tools); returns the new revision."""
-        reply = await self._post("/v3/kv/put", {"key": _b64(key), "value": _b64(value)})
+        reply = await self._post("/v3/kv/put", {"key": b64(key), "value": b64(value)})
         return int(reply["header"]["revision"])
 
     async def delete_prefix(self, prefix: str) -> int:
         """Unguarded delete of a prefix (tests, tools); returns the new revision."""
-        reply = await self._post("/v3/kv/deleterange", {"key": _b64(prefix), "range_end": _b64_range_end(prefix)})
+        reply = await self._post("/v3/kv/deleterange", {"key": b64(prefix), "range_end": b64_range_end(prefix)})
         return int(reply["header"]["revision"])
 
     async def delete(self, key: str) -> int:
         """Unguarded delete of one key (tests, tools); returns the new revision."""
-        reply = await self._post("/v3/kv/deleterange", {"key": _b64(key)})
+        reply = await self._post("/v3/kv/deleterange", {"key": b64(key)})
         return int(reply["header"]["revision"])
 
     async def lease_grant(self, ttl: int) -> int:
@@ -317,7 +196,7 @@ class EtcdClient:
 
     async def revision(self) -> int:
         """The current revision of the store."""
-        reply = await self._post("/v3/kv/range", {"key": _b64("\x00"), "keys_only": True, "limit": "1"})
+        reply = await self._post("/v3/kv/range", {"key": b64("\x00"), "keys_only": True, "limit": "1"})
         return int(reply["header"]["revision"])
 
     async def watch_prefix(self, prefix: str, start_revision: int, idle_timeout: float) -> AsyncIterator[list[WatchEvent]]:
@@ -329,8 +208,8 @@ class EtcdClient:
         """
         body = {
             "create_request": {
-                "key": _b64(prefix),
-                "range_end": _b64_range_end(prefix),
+                "key": b64(prefix),
+                "range_end": b64_range_end(prefix),
                 "start_revision": str(start_revision),
                 "progress_notify": True,
             }
@@ -361,15 +240,6 @@ class EtcdClient:
             raise EtcdError(f"watch on {url} broke: {type(exc).__name__}", unavailable=True) from None
         self._current = (self._current + 1) % len(self._endpoints)
         raise EtcdError(f"watch on {url} ended", unavailable=True)
-
-
-def _kv(raw: dict[str, Any]) -> KeyValue:
-    return KeyValue(
-        key=_unb64(raw["key"]),
-        value=_unb64(raw.get("value")),
-        mod_revision=int(raw.get("mod_revision", 0)),
-        create_revision=int(raw.get("create_revision", 0)),
-    )
 
 
 def _token_rejected(status: int, payload: bytes) -> bool:

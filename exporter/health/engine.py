@@ -15,19 +15,26 @@ import random
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from loguru import logger
 from prometheus_client import Counter, Gauge, Histogram
 
 from ..errors import ValidationFailed
 from ..ingress import Ingress, PluginUpstream
+from ..keys import IngressRef
 from .checkers import CheckerKind, CheckerTarget, Node
 from .probes import http_probe, tcp_probe
 from .shared import SharedHealth
 from .state import NodeHealth, State, Thresholds
 
-Owner = tuple[str, str]
+
+class Replan(Protocol):
+    """Where a routing change is sent: the ingress is planned again (its ejections change)."""
+
+    def mark_dirty(self, refs: Sequence[IngressRef], reason: str) -> None:
+        """Re-plan these ingresses soon."""
+        ...
 
 PROBES = Counter("exporter_health_probes_total", "health probes by result", ["result"])
 TRANSITIONS = Counter("exporter_health_transitions_total", "node routing changes", ["to"])
@@ -51,20 +58,23 @@ class HealthEngine:
     def __init__(
         self,
         kinds: dict[str, CheckerKind],
-        on_change: Callable[[Sequence[Owner]], None],
+        replan: Replan,
+        *,
         concurrency: int = 256,
+        shared: SharedHealth | None = None,
+        rendered_urls: Callable[[IngressRef], frozenset[str]] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        """`shared`: set on every exporter sharing a root (followers read the leader's states from it);
+        `rendered_urls`: the server URLs an ingress's load balancers hold in etcd right now."""
         self.kinds = kinds
-        self._on_change = on_change
+        self._replan = replan
         self._clock = clock
         self._limit = asyncio.Semaphore(concurrency)
-        self._checked: dict[Owner, dict[str, _Checked]] = {}
+        self._checked: dict[IngressRef, dict[str, _Checked]] = {}
         self._running = False
-        # Set on every exporter sharing a root: followers read the leader's states from it.
-        self.shared: SharedHealth | None = None
-        # The server URLs an ingress's load balancers hold in etcd right now.
-        self.rendered_urls: Callable[[Owner], set[str]] = lambda _owner: set()
+        self._shared = shared
+        self._rendered_urls = rendered_urls
 
     # ----- targets
 
@@ -82,7 +92,7 @@ class HealthEngine:
             out.extend(kind.targets(group, resource, ingress.health_check, ingress.protocol))
         return out
 
-    def check_kinds(self, ingress: Ingress) -> None:
+    def admit(self, ingress: Ingress) -> None:
         """Refuse an ingress whose upstream kind no installed plugin provides."""
         for loc, group in (("upstream", ingress.upstream), ("canary.upstream", ingress.canary.upstream if ingress.canary else None)):
             if isinstance(group, PluginUpstream) and group.kind not in self.kinds:
@@ -91,7 +101,7 @@ class HealthEngine:
                     {"errors": [{"loc": f"ingresses.{ingress.authority}/{ingress.id}.{loc}.kind", "msg": f"unknown kind {group.kind!r}"}]},
                 )
 
-    def update(self, owner: Owner, ingress: Ingress | None) -> None:
+    def update(self, owner: IngressRef, ingress: Ingress | None) -> None:
         """Follow a record change: keep states of nodes that stay, start new ones, drop the rest."""
         old = self._checked.pop(owner, {})
         new: dict[str, _Checked] = {}
@@ -112,17 +122,17 @@ class HealthEngine:
         if new:
             self._checked[owner] = new
         self.count_states()
-        if self._running and self.shared is not None and (old or ingress is None):
-            self.shared.publish([owner])
+        if self._running and self._shared is not None and (old or ingress is None):
+            self._shared.publish([owner])
 
-    def ejected(self, owner: Owner, ingress: Ingress) -> frozenset[str]:
+    def ejected(self, owner: IngressRef, ingress: Ingress) -> frozenset[str]:
         """URLs that must not receive traffic: nodes not routed, and checked nodes not probed yet.
 
         An exporter that is not probing (a follower) uses the states the leader published.
         """
         out: set[str] = set()
-        if not self._running and self.shared is not None:
-            published = (self.shared.docs.get(owner) or {}).get("nodes", {})
+        if not self._running and self._shared is not None:
+            published = (self._shared.docs.get(owner) or {}).get("nodes", {})
             for target in self.targets_of(ingress):
                 for node in target.nodes:
                     if published.get(node.url, {}).get("status") not in (State.HEALTHY.value, State.MOSTLY_HEALTHY.value):
@@ -150,12 +160,12 @@ class HealthEngine:
 
     def _adopt_published(self) -> None:
         # A new leader continues from its predecessor's states: no burst of spurious ejections.
-        if self.shared is None:
+        if self._shared is None:
             return
         now = self._clock()
         for owner, targets in self._checked.items():
-            published = (self.shared.docs.get(owner) or {}).get("nodes", {})
-            rendered = self.rendered_urls(owner)
+            published = (self._shared.docs.get(owner) or {}).get("nodes", {})
+            rendered = self._rendered_urls(owner) if self._rendered_urls is not None else frozenset()
             for checked in targets.values():
                 for url, health in checked.nodes.items():
                     state = published.get(url)
@@ -171,7 +181,7 @@ class HealthEngine:
                         setattr(health, name, int(value))
                     health.added_at = min(health.added_at, now - checked.target.check.initial_delay)
 
-    def document(self, owner: Owner) -> dict[str, Any] | None:
+    def document(self, owner: IngressRef) -> dict[str, Any] | None:
         """What the leader publishes for one ingress (None: it has no checkers)."""
         targets = self._checked.get(owner)
         if not targets:
@@ -194,7 +204,7 @@ class HealthEngine:
             for checked in targets.values():
                 checked.task = None
 
-    async def _run(self, owner: Owner, name: str) -> None:
+    async def _run(self, owner: IngressRef, name: str) -> None:
         checked = self._checked.get(owner, {}).get(name)
         if checked is None:
             return
@@ -223,9 +233,9 @@ class HealthEngine:
                     logger.info("health: {} {} is now {} ({})", name, node.url, health.state.value, outcome)
             if changed:
                 self.count_states()
-                self._on_change([owner])
-                if self.shared is not None:
-                    self.shared.publish([owner])
+                self._replan.mark_dirty([owner], "health")
+                if self._shared is not None:
+                    self._shared.publish([owner])
             due += check.interval * random.uniform(0.95, 1.05)
             due = max(due, self._clock())
 
@@ -240,8 +250,8 @@ class HealthEngine:
     def count_states(self) -> None:
         """Refresh the nodes-by-state gauge (from the published states on a follower)."""
         counts = {state: 0 for state in State}
-        if not self._running and self.shared is not None:
-            for doc in self.shared.docs.values():
+        if not self._running and self._shared is not None:
+            for doc in self._shared.docs.values():
                 for node in doc.get("nodes", {}).values():
                     counts[State(node["status"])] += 1
         else:
@@ -254,19 +264,19 @@ class HealthEngine:
 
     # ----- views
 
-    def checkers(self, owner: Owner | None = None) -> list[dict[str, Any]]:
+    def checkers(self, owner: IngressRef | None = None) -> list[dict[str, Any]]:
         """Checker entries in the APISIX /v1/healthcheck shape, ordered by name.
 
         A follower reports what the leader published, so every exporter answers the same.
         """
-        if not self._running and self.shared is not None:
-            docs = self.shared.docs
+        if not self._running and self._shared is not None:
+            docs = self._shared.docs
             owners = [owner] if owner is not None else sorted(docs)
             return [entry for o in owners for entry in (docs.get(o) or {}).get("checkers", [])]
         owners = [owner] if owner is not None else sorted(self._checked)
         return [entry for o in owners for entry in self._local_checkers(o)]
 
-    def _local_checkers(self, o: Owner) -> list[dict[str, Any]]:
+    def _local_checkers(self, o: IngressRef) -> list[dict[str, Any]]:
         out = []
         for name, checked in sorted(self._checked.get(o, {}).items()):
             target = checked.target

@@ -17,31 +17,29 @@ from typing import Any
 
 from loguru import logger
 
-from ..etcd.client import Compare, EtcdClient, EtcdError, Op, WatchCanceled
+from ..errors import EtcdError
+from ..etcd.store import EtcdStore
+from ..etcd.types import Op
+from ..keys import IngressRef, KeyLayout
+from ..roles import LeaderPolicy
 
-Owner = tuple[str, str]
+# The document the leader publishes for one ingress (None: it has no checkers).
+Document = Callable[[IngressRef], "dict[str, Any] | None"]
 
 
 class SharedHealth:
     """Published health documents, kept in sync with etcd; `publish()` queues an ingress's document."""
 
-    def __init__(self, etcd: EtcdClient, prefix: str, identity: str) -> None:
-        self.etcd = etcd
-        self.prefix = prefix.rstrip("/")
+    def __init__(self, etcd: EtcdStore, layout: KeyLayout, identity: str, leader: LeaderPolicy) -> None:
+        self._etcd = etcd
+        self._layout = layout
         self.identity = identity
-        self.docs: dict[Owner, dict[str, Any]] = {}
-        self.fence: Callable[[], Sequence[Compare]] = lambda: ()
-        self.document: Callable[[Owner], dict[str, Any] | None] = lambda _owner: None
-        self._queued: set[Owner] = set()
+        self._leader = leader
+        self.docs: dict[IngressRef, dict[str, Any]] = {}
+        self._queued: set[IngressRef] = set()
         self._wake = asyncio.Event()
-        # Told when the documents change (followers' metrics follow the leader's states).
-        self.on_docs_changed: Callable[[], None] = lambda: None
 
-    def key(self, owner: Owner) -> str:
-        """Where an ingress's document lives."""
-        return f"{self.prefix}/{owner[0]}/{owner[1]}"
-
-    def publish(self, owners: Sequence[Owner]) -> None:
+    def publish(self, owners: Sequence[IngressRef]) -> None:
         """Queue the current document of these ingresses (leader only)."""
         self._queued.update(owners)
         self._wake.set()
@@ -53,28 +51,26 @@ class SharedHealth:
         newest = max(self.docs.values(), key=lambda d: float(d.get("at", 0)))
         return newest.get("leader"), max(0.0, time.time() - float(newest.get("at", 0)))
 
-    async def run_publisher(self) -> None:
-        """Write queued documents, many ingresses per transaction."""
+    async def run_publisher(self, document: Document) -> None:
+        """Write the queued ingresses' `document`s, many per transaction."""
         while True:
             await self._wake.wait()
             await asyncio.sleep(0.05)  # transitions of one probe round share a transaction
             self._wake.clear()
             owners, self._queued = sorted(self._queued), set()
-            fence = list(self.fence())
+            fence = list(self._leader.fence())
             if not fence:
                 continue  # deposed: the new leader publishes
             for start in range(0, len(owners), 100):
                 ops = []
                 for owner in owners[start : start + 100]:
-                    doc = self.document(owner)
-                    if doc is None:
-                        ops.append(Op(self.key(owner), None))
-                    else:
-                        ops.append(Op(self.key(owner), json.dumps({"leader": self.identity, "at": time.time(), **doc})))
+                    doc = document(owner)
+                    key = self._layout.health_key(owner)
+                    ops.append(Op(key, None if doc is None else json.dumps({"leader": self.identity, "at": time.time(), **doc})))
                 try:
-                    result = await self.etcd.txn(fence, ops)
+                    result = await self._etcd.txn(fence, ops)
                 except EtcdError as exc:
-                    logger.warning("could not publish health ({}); will retry", exc)
+                    logger.warning("could not publish health ({}); will retry", exc.title)
                     self._queued.update(owners[start:])
                     self._wake.set()
                     await asyncio.sleep(1)
@@ -83,31 +79,31 @@ class SharedHealth:
                     logger.info("health not published: this exporter is no longer the leader")
                     break
 
-    async def run_reader(self) -> None:
-        """Follow the published documents (list, then watch; re-list after any failure)."""
+    async def run_reader(self, on_change: Callable[[], None]) -> None:
+        """Follow the published documents (list, then watch; re-list after any failure); `on_change` after each update."""
         backoff = 0.2
+        prefix = self._layout.health_dir
         while True:
             try:
-                page = await self.etcd.range_prefix(self.prefix + "/")
+                page = await self._etcd.range_prefix(prefix)
                 self.docs = {}
                 for kv in page.kvs:
                     self._apply(kv.key, kv.value)
-                self.on_docs_changed()
-                async for events in self.etcd.watch_prefix(self.prefix + "/", page.revision + 1, idle_timeout=60):
+                on_change()
+                async for events in self._etcd.watch_prefix(prefix, page.revision + 1, idle_timeout=60):
                     for event in events:
                         self._apply(event.key, event.value)
-                    self.on_docs_changed()
+                    on_change()
                     backoff = 0.2
-            except (EtcdError, WatchCanceled) as exc:
-                logger.debug("health watch ended ({}); re-listing", exc)
+            except EtcdError as exc:
+                logger.debug("health watch ended ({}); re-listing", exc.title)
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 5.0)
 
     def _apply(self, key: str, value: str | None) -> None:
-        parts = key[len(self.prefix) + 1 :].split("/")
-        if len(parts) != 2:
+        owner = self._layout.health_ref(key)
+        if owner is None:
             return
-        owner = (parts[0], parts[1])
         if value is None:
             self.docs.pop(owner, None)
             return

@@ -9,35 +9,21 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable
 
-from ..etcd.client import KeyValue
-from .ownership import owner_of_object
-
-_KINDS = frozenset({"http", "tcp", "udp"})
+from ..etcd.types import KeyValue
+from ..keys import IngressRef, KeyLayout
 
 
 class Observed:
-    """Keys under `roots_prefix` and `records_prefix`, as last seen: key -> (value, mod_revision)."""
+    """Keys under the roots and the records prefix, as last seen: key -> (value, mod_revision)."""
 
-    def __init__(self, root_key: str, records_prefix: str) -> None:
-        # Every root has as many segments as the root_key template.
-        self.roots_prefix = root_key.split("{authority}")[0] if "{authority}" in root_key else root_key + "/"
-        self._root_depth = root_key.count("/") + 1
-        self.records_prefix = records_prefix.rstrip("/") + "/"
+    def __init__(self, layout: KeyLayout) -> None:
+        self.layout = layout
         self.keys: dict[str, tuple[str, int]] = {}
         # object path -> keys under it
         self._objects: dict[str, set[str]] = defaultdict(set)
-        # (authority, id) -> object paths named for it
-        self._owners: dict[tuple[str, str], set[str]] = defaultdict(set)
+        # ingress -> object paths named for it
+        self._owners: dict[IngressRef, set[str]] = defaultdict(set)
         self.revision = 0
-
-    def _object_of(self, key: str) -> str | None:
-        if not key.startswith(self.roots_prefix):
-            return None
-        depth = self._root_depth
-        parts = key.split("/", depth + 3)
-        if len(parts) < depth + 4 or parts[depth] not in _KINDS or not parts[depth + 2]:
-            return None
-        return "/".join(parts[: depth + 3])
 
     def set(self, key: str, value: str | None, mod_revision: int) -> None:
         """Record a put (value) or delete (None) seen at `mod_revision`."""
@@ -46,23 +32,23 @@ class Observed:
             self.keys[key] = (value, mod_revision)
             if known:
                 return  # already indexed
-            obj = self._object_of(key)
+            obj = self.layout.object_of(key)
             if obj is not None:
                 self._objects[obj].add(key)
-                owner = owner_of_object(obj)
+                owner = self.layout.owner_of_object(obj)
                 if owner is not None:
                     self._owners[owner].add(obj)
             return
         if self.keys.pop(key, None) is None:
             return
-        obj = self._object_of(key)
+        obj = self.layout.object_of(key)
         members = self._objects.get(obj) if obj is not None else None
         if members is None or obj is None:
             return
         members.discard(key)
         if not members:
             del self._objects[obj]
-            owner = owner_of_object(obj)
+            owner = self.layout.owner_of_object(obj)
             if owner is not None:
                 self._owners[owner].discard(obj)
                 if not self._owners[owner]:
@@ -84,18 +70,18 @@ class Observed:
         for kv in kvs:
             self.set(kv.key, kv.value, kv.mod_revision)
 
-    def owner_of_key(self, key: str) -> tuple[str, str] | None:
-        """The (authority, id) an object key under a root is named for."""
-        obj = self._object_of(key)
-        return owner_of_object(obj) if obj else None
-
-    def objects_of(self, owner: tuple[str, str], root: str) -> dict[str, dict[str, tuple[str, int]]]:
-        """The observed objects under `root` named for `owner`, with their keys."""
+    def objects_of(self, ref: IngressRef) -> dict[str, dict[str, tuple[str, int]]]:
+        """The observed objects under the ingress's root named for it, with their keys."""
+        prefix = self.layout.root(ref.authority) + "/"
         out: dict[str, dict[str, tuple[str, int]]] = {}
-        for obj in self._owners.get(owner, ()):
-            if obj.startswith(root + "/"):
+        for obj in self._owners.get(ref, ()):
+            if obj.startswith(prefix):
                 out[obj] = {k: self.keys[k] for k in self._objects[obj]}
         return out
+
+    def server_urls(self, ref: IngressRef) -> frozenset[str]:
+        """The server URLs the ingress's load balancers hold in etcd right now."""
+        return frozenset(value for keys in self.objects_of(ref).values() for key, (value, _mod) in keys.items() if key.endswith("/url"))
 
     def record(self, key: str) -> tuple[str, int] | None:
         """The observed value and mod_revision of a record key."""
@@ -103,7 +89,8 @@ class Observed:
 
     def records(self) -> dict[str, tuple[str, int]]:
         """Every observed record key."""
-        return {k: v for k, v in self.keys.items() if k.startswith(self.records_prefix)}
+        prefix = self.layout.records_dir
+        return {k: v for k, v in self.keys.items() if k.startswith(prefix)}
 
     def under_root(self, root: str) -> dict[str, tuple[str, int]]:
         """Every observed key under one root (a full scan; used by full reconciles and reports)."""

@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..etcd.client import Compare
+from ..etcd.types import Compare
+from ..keys import IngressRef
 from ..store.records import Record
 
 
@@ -40,7 +41,7 @@ class UnitPlan:
     name: str
     changes: list[Change]
     compares: list[Compare]
-    owner: tuple[str, str] | None = None
+    owner: IngressRef | None = None
     record: Record | None = None
     removed: bool = False
 
@@ -80,7 +81,7 @@ def order_changes(changes: list[Change], record_key: str | None) -> list[Change]
 
 def plan_ingress(
     *,
-    owner: tuple[str, str],
+    owner: IngressRef,
     desired: dict[str, str] | None,
     observed_objects: dict[str, dict[str, tuple[str, int]]],
     desired_objects: tuple[str, ...],
@@ -114,7 +115,7 @@ def plan_ingress(
         newest = max((mod for _v, mod in keys.values()), default=0)
         compares.append(Compare(obj + "/", "LESS", newest + 1, prefix=True))
     return UnitPlan(
-        name=f"{owner[0]}/{owner[1]}",
+        name=str(owner),
         changes=order_changes(changes, record_key),
         compares=compares,
         owner=owner,

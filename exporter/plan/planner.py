@@ -2,44 +2,46 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 
 from loguru import logger
 
 from ..errors import TemplateError
-from ..ingress import Ingress
+from ..keys import CERT_KEY, KEY_KEY, IngressRef, KeyLayout
 from ..render.renderer import Renderer
-from ..render.root_keys import CERT_KEY, KEY_KEY, DefaultCertificate, root_keys
-from ..store.records import Record, owner_of_record_key, record_key
+from ..render.root_keys import DefaultCertificate, root_keys
+from ..roles import Ejections, NoEjections
+from ..store.records import Record
 from .observed import Observed
-from .ownership import is_root_owned
 from .plan import Plan, UnitPlan, plan_ingress, plan_root
 
-Owner = tuple[str, str]
-# (ingress key, ingress) -> URLs of servers/instances the load balancers must leave out.
-Ejections = Callable[[Owner, Ingress], frozenset[str]]
-
-
-def NO_EJECTIONS(_owner: Owner, _ingress: Ingress) -> frozenset[str]:
-    """Health checking off: every server is rendered."""
-    return frozenset()
+_NO_EJECTIONS = NoEjections()
 
 
 class Planner:
     """Diffs desired state against `observed`; cost is proportional to the owners planned."""
 
-    def __init__(self, renderer: Renderer, records_prefix: str, certificate: DefaultCertificate) -> None:
-        self.renderer = renderer
-        self.records_prefix = records_prefix
-        self.certificate = certificate
-        self.errors: dict[Owner, str] = {}
+    def __init__(self, renderer: Renderer, layout: KeyLayout, certificate: DefaultCertificate) -> None:
+        self._renderer = renderer
+        self._layout = layout
+        self._certificate = certificate
+        self._errors: dict[IngressRef, TemplateError] = {}
+
+    @property
+    def errors(self) -> Mapping[IngressRef, TemplateError]:
+        """Ingresses whose last render failed (their keys are left as they are)."""
+        return self._errors
+
+    def admit(self, record: Record, ejections: Ejections = _NO_EJECTIONS) -> None:
+        """Render `record` now (warming the cache); raise TemplateError when Traefik would reject it."""
+        self._renderer.render(record.ingress, ejections.ejected(record.key, record.ingress), record.content)
 
     def plan(
         self,
-        desired: Mapping[Owner, Record],
+        desired: Mapping[IngressRef, Record],
         observed: Observed,
-        owners: Iterable[Owner] | None = None,
-        ejected: Ejections = NO_EJECTIONS,
+        owners: Iterable[IngressRef] | None = None,
+        ejections: Ejections = _NO_EJECTIONS,
         include_roots: bool = True,
     ) -> Plan:
         """Plan `owners` (every known ingress when None, with the foreign-key report).
@@ -48,18 +50,15 @@ class Planner:
         """
         full = owners is None
         observed_records = observed.records() if full else {}
-        if owners is None:
-            owners = set(desired) | self._recorded(observed_records)
-        else:
-            owners = set(owners)
+        wanted = set(desired) | self._recorded(observed_records) if owners is None else set(owners)
         plan = Plan()
-        roots = {self.renderer.root_for(owner[0]) for owner in (desired if full else owners) if owner in desired}
+        roots = {self._layout.root(ref.authority) for ref in (desired if full else wanted) if ref in desired}
         for root in sorted(roots) if include_roots else ():
             unit = self._plan_root(root, observed)
             if unit is not None:
                 plan.units.append(unit)
-        for owner in sorted(owners):
-            unit = self._plan_owner(owner, desired.get(owner), observed, ejected)
+        for ref in sorted(wanted):
+            unit = self._plan_owner(ref, desired.get(ref), observed, ejections)
             if unit is not None:
                 plan.units.append(unit)
         if full:
@@ -67,17 +66,15 @@ class Planner:
         return plan
 
     def _plan_root(self, root: str, observed: Observed) -> UnitPlan | None:
-        keys = root_keys(root, self.certificate)
-        keep = frozenset({f"{root}/{CERT_KEY}", f"{root}/{KEY_KEY}"}) if self.certificate.generated else frozenset()
+        keys = root_keys(root, self._certificate)
+        keep = frozenset({f"{root}/{CERT_KEY}", f"{root}/{KEY_KEY}"}) if self._certificate.generated else frozenset()
         seen = {k: observed.keys[k] for k in keys if k in observed.keys}
         return plan_root(root, keys, seen, keep)
 
-    def _plan_owner(
-        self, owner: Owner, record: Record | None, observed: Observed, ejected: Ejections
-    ) -> UnitPlan | None:
-        rkey = record_key(self.records_prefix, *owner)
-        root = self.renderer.root_for(owner[0])
+    def _plan_owner(self, ref: IngressRef, record: Record | None, observed: Observed, ejections: Ejections) -> UnitPlan | None:
+        rkey = self._layout.record_key(ref)
         observed_record = observed.record(rkey)
+        self._errors.pop(ref, None)
         if record is None and observed_record is None:
             # No record anywhere: whatever carries this name is not ours.
             return None
@@ -85,18 +82,17 @@ class Planner:
         desired_objects: tuple[str, ...] = ()
         if record is not None and not record.removed:
             try:
-                rendered = self.renderer.render(record.ingress, ejected(owner, record.ingress), record.content)
+                rendered = self._renderer.render(record.ingress, ejections.ejected(ref, record.ingress), record.content)
             except TemplateError as exc:
-                self.errors[owner] = exc.title
-                logger.error("not writing {}/{}: {}", owner[0], owner[1], exc.title)
+                self._errors[ref] = exc
+                logger.error("not writing {}: {}", ref, exc.title)
                 return None
-            self.errors.pop(owner, None)
             desired_kv = rendered.kv
-            desired_objects = tuple(f"{root}/{o}" for o in rendered.objects)
+            desired_objects = tuple(f"{rendered.root}/{o}" for o in rendered.objects)
         return plan_ingress(
-            owner=owner,
+            owner=ref,
             desired=desired_kv,
-            observed_objects=observed.objects_of(owner, root),
+            observed_objects=observed.objects_of(ref),
             desired_objects=desired_objects,
             record_key=rkey,
             desired_record=record,
@@ -104,20 +100,20 @@ class Planner:
         )
 
     def _foreign(
-        self, desired: Mapping[Owner, Record], observed: Observed, observed_records: Mapping[str, tuple[str, int]]
+        self, desired: Mapping[IngressRef, Record], observed: Observed, observed_records: Mapping[str, tuple[str, int]]
     ) -> list[str]:
         known = set(desired) | self._recorded(observed_records)
-        roots = {self.renderer.root_for(a) for a, _ in known}
+        roots = {self._layout.root(ref.authority) for ref in known}
         foreign = []
         for root in sorted(roots):
             for key in observed.under_root(root):
-                if is_root_owned(root, key):
+                if self._layout.is_root_owned(root, key):
                     continue
-                owner = observed.owner_of_key(key)
-                if owner is None or owner not in known or self.renderer.root_for(owner[0]) != root:
+                owner = self._layout.owner_of_key(key)
+                if owner is None or owner not in known or self._layout.root(owner.authority) != root:
                     foreign.append(key)
         return sorted(foreign)
 
-    def _recorded(self, record_keys: Iterable[str]) -> set[Owner]:
-        owners = (owner_of_record_key(self.records_prefix, key) for key in record_keys)
-        return {owner for owner in owners if owner is not None}
+    def _recorded(self, record_keys: Iterable[str]) -> set[IngressRef]:
+        refs = (self._layout.record_ref(key) for key in record_keys)
+        return {ref for ref in refs if ref is not None}

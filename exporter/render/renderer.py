@@ -28,6 +28,7 @@ from ..ingress import (
     ServersUpstream,
     field_errors,
 )
+from ..keys import IngressRef, KeyLayout
 from .flatten import flatten
 from .rules import http_rule, tcp_rule
 from .traefik_schema import Fragment
@@ -53,11 +54,6 @@ class RenderedIngress:
     kv: dict[str, str]
 
 
-def object_name(authority: str, ingress_id: str) -> str:
-    """The base Traefik object name of an ingress; `_` cannot occur in either label, so it is unique."""
-    return f"{authority}_{ingress_id}"
-
-
 def _group(upstream: ServersUpstream | AiProxyMultiUpstream | PluginUpstream, ejected: frozenset[str]) -> dict[str, Any]:
     if not isinstance(upstream, AiProxyMultiUpstream):
         servers = [s for s in upstream.servers if s.url not in ejected]
@@ -75,29 +71,37 @@ def _group(upstream: ServersUpstream | AiProxyMultiUpstream | PluginUpstream, ej
     return {"kind": upstream.kind, "instances": instances}
 
 
+def _environment(template_dir: Path | None) -> SandboxedEnvironment:
+    loaders = [FileSystemLoader(str(template_dir))] if template_dir else []
+    loaders.append(FileSystemLoader(str(BUILTIN_TEMPLATES)))
+    env = SandboxedEnvironment(
+        loader=ChoiceLoader(loaders),
+        undefined=StrictUndefined,
+        autoescape=False,
+        keep_trailing_newline=True,
+        auto_reload=False,  # no stat() per render; `reload()` starts afresh when templates change
+    )
+    env.globals.update(http_rule=http_rule, tcp_rule=tcp_rule)
+    env.filters["json"] = json.dumps
+    return env
+
+
 class Renderer:
     """Turns ingresses into owned keys; one per process, shared by every caller."""
 
-    def __init__(self, root_key: str, default_entrypoints: list[str], template_dir: Path | None = None) -> None:
-        loaders = [FileSystemLoader(str(template_dir))] if template_dir else []
-        loaders.append(FileSystemLoader(str(BUILTIN_TEMPLATES)))
-        self._env = SandboxedEnvironment(
-            loader=ChoiceLoader(loaders),
-            undefined=StrictUndefined,
-            autoescape=False,
-            keep_trailing_newline=True,
-            auto_reload=False,  # no stat() per render; a template change builds a new Renderer
-        )
-        self._env.globals.update(http_rule=http_rule, tcp_rule=tcp_rule)
-        self._env.filters["json"] = json.dumps
-        self._root_key = root_key
+    def __init__(self, layout: KeyLayout, default_entrypoints: list[str], template_dir: Path | None = None) -> None:
+        self._layout = layout
+        self._template_dir = template_dir
         self._default_entrypoints = list(default_entrypoints)
+        self._env = _environment(template_dir)
         self._templates: dict[str, Template] = {}
         self._cache: OrderedDict[tuple[str, frozenset[str]], RenderedIngress] = OrderedDict()
 
-    def root_for(self, authority: str) -> str:
-        """The root key of an authority."""
-        return self._root_key.replace("{authority}", authority)
+    def reload(self) -> None:
+        """Read the templates again and forget every cached render (the templates changed)."""
+        self._env = _environment(self._template_dir)
+        self._templates = {}
+        self._cache.clear()
 
     def render(self, ingress: Ingress, ejected: frozenset[str] = frozenset(), content: str | None = None) -> RenderedIngress:
         """Render `ingress` without the servers/instances whose URLs are in `ejected`.
@@ -118,7 +122,7 @@ class Renderer:
 
     def _render(self, ingress: Ingress, ejected: frozenset[str]) -> RenderedIngress:
         template_name = f"{ingress.protocol}.json.j2"
-        name = object_name(ingress.authority, ingress.id)
+        name = self._layout.object_name(IngressRef(ingress.authority, ingress.id))
         primary = _group(ingress.upstream, ejected)
         canary = _group(ingress.canary.upstream, ejected) if ingress.canary else None
         if canary is None:
@@ -167,6 +171,6 @@ class Renderer:
                     f"template {template_name} rendered object {path!r}, which is not named {name} or {name}_*",
                     {"template": template_name},
                 )
-        root = self.root_for(ingress.authority)
+        root = self._layout.root(ingress.authority)
         return RenderedIngress(root=root, objects=tuple(objects), kv=flatten(data, root))
 

@@ -18,11 +18,9 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from ..errors import ConfigError
+from ..keys import CERT_KEY, KEY_KEY, OWNER_KEY
 
-OWNER_KEY = "_meta/owner"
 OWNER_VALUE = "traefik-etcd-exporter"
-CERT_KEY = "tls/stores/default/defaultCertificate/certFile"
-KEY_KEY = "tls/stores/default/defaultCertificate/keyFile"
 
 
 @dataclass(frozen=True)

@@ -11,8 +11,8 @@ from __future__ import annotations
 import hmac
 import ipaddress
 import json
-from collections.abc import Awaitable, Callable
-from typing import Any
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, Protocol
 
 from aiohttp import web
 from loguru import logger
@@ -21,18 +21,54 @@ from pydantic import BaseModel, ValidationError
 
 from ..errors import (
     BodyTooLarge,
+    ConfigError,
+    EtcdError,
     EtcdUnavailable,
     ExporterError,
+    StaleRevisionError,
+    TemplateError,
     Unauthorized,
     UnsupportedMediaType,
     ValidationFailed,
 )
 from ..ingress import IngressFile, RemoveRequest, field_errors
-from ..reconciler import Reconciler
-from ..store.records import Record
+from ..keys import IngressRef
+from ..reconcile import Removal
+from ..store.records import Record, RecordStore
 
 REQUESTS = Counter("exporter_api_requests_total", "push API requests by route and status", ["route", "status"])
 _Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+# The one place errors become HTTP statuses (docs/api.md); the most specific class wins.
+HTTP_STATUS: dict[type[ExporterError], int] = {
+    ValidationFailed: 400,
+    TemplateError: 400,
+    Unauthorized: 401,
+    StaleRevisionError: 409,
+    BodyTooLarge: 413,
+    UnsupportedMediaType: 415,
+    EtcdUnavailable: 503,
+    EtcdError: 503,
+    ConfigError: 500,
+}
+
+
+class IngressSink(Protocol):
+    """What the push API drives: the reconciler."""
+
+    store: RecordStore
+
+    async def submit(self, upserts: Sequence[Record], removes: Sequence[Removal] = ()) -> None:
+        """Commit one request, all or nothing."""
+        ...
+
+
+def status_of(error: ExporterError) -> int:
+    """The HTTP status of an error (500 for anything not in the table)."""
+    for cls in type(error).__mro__:
+        if cls in HTTP_STATUS:
+            return HTTP_STATUS[cls]
+    return 500
 
 
 def is_loopback(listen: str) -> bool:
@@ -48,11 +84,11 @@ def is_loopback(listen: str) -> bool:
 
 def error_response(error: ExporterError) -> web.Response:
     """The JSON error body and status of one error."""
-    return web.json_response(error.to_json(), status=error.status)
+    return web.json_response(error.to_json(), status=status_of(error))
 
 
 def push_api_app(
-    reconciler: Reconciler, *, token: str | None, max_body_bytes: int, ready: Callable[[], bool] = lambda: True
+    reconciler: IngressSink, *, token: str | None, max_body_bytes: int, ready: Callable[[], bool] = lambda: True
 ) -> web.Application:
     """The aiohttp application of the push API. `token` None means unauthenticated (loopback only)."""
     expected = token.encode() if token is not None else None
@@ -115,7 +151,7 @@ def push_api_app(
     async def remove(request: web.Request) -> web.Response:
         body: RemoveRequest = await read_json(request, RemoveRequest)
         check_ready()
-        await reconciler.submit([], [(r.authority, r.id, r.revision) for r in body.ingresses])
+        await reconciler.submit([], [Removal(IngressRef(r.authority, r.id), r.revision) for r in body.ingresses])
         return web.Response(status=204)
 
     async def list_ingresses(request: web.Request) -> web.Response:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import glob
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Protocol
 
@@ -18,6 +19,8 @@ from watchfiles import awatch
 
 from ..errors import EtcdUnavailable, ExporterError
 from ..ingress import IngressFile, field_errors
+from ..keys import IngressRef
+from ..reconcile import Removal
 from ..store.records import Record
 
 # libyaml's parser when PyYAML has it: 10x faster on large files.
@@ -27,7 +30,9 @@ _YAML_LOADER: type[yaml.SafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoad
 class RecordSink(Protocol):
     """Where a source delivers its changes (the reconciler)."""
 
-    async def submit(self, upserts: list[Record], removes: list[tuple[str, str, int]]) -> None: ...
+    async def submit(self, upserts: Sequence[Record], removes: Sequence[Removal] = ()) -> None:
+        """Commit one request, all or nothing."""
+        ...
 
 
 def load_ingress_file(path: Path) -> list[Record]:
@@ -57,7 +62,7 @@ class IngressFiles:
     def __init__(self, globs: list[str], sink: RecordSink) -> None:
         self._globs = globs
         self._sink = sink
-        self.applied: dict[Path, dict[tuple[str, str], Record]] = {}
+        self.applied: dict[Path, dict[IngressRef, Record]] = {}
         self.errors: dict[Path, str] = {}
         # Files whose content is valid but could not be written (etcd down): retried.
         self._unwritten: set[Path] = set()
@@ -89,10 +94,10 @@ class IngressFiles:
             return
         await self._apply(path, records)
 
-    async def _apply(self, path: Path, records: dict[tuple[str, str], Record]) -> None:
+    async def _apply(self, path: Path, records: dict[IngressRef, Record]) -> None:
         before = self.applied.get(path, {})
         upserts = [r for k, r in records.items() if before.get(k) is None or before[k].content != r.content]
-        removes = [(k[0], k[1], r.revision) for k, r in before.items() if k not in records]
+        removes = [Removal(k, r.revision) for k, r in before.items() if k not in records]
         try:
             if upserts or removes or path not in self.applied:
                 await self._sink.submit(upserts, removes)

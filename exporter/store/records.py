@@ -16,7 +16,12 @@ from dataclasses import dataclass
 
 from pydantic import ValidationError
 
+from ..errors import RecordDecodeError
 from ..ingress import Ingress, field_errors
+from ..keys import IngressRef
+
+# Told of every committed change of a live record (None: it is gone).
+RecordListener = Callable[[IngressRef, Ingress | None], None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,7 +40,7 @@ class Record:
         return cls(ingress=ingress, content=ingress.model_dump_json(), source=source)
 
     @property
-    def key(self) -> tuple[str, str]:
+    def key(self) -> IngressRef:
         """(authority, id)."""
         return self.ingress.key
 
@@ -53,23 +58,6 @@ class Record:
         """The tombstone left when this ingress is removed at `revision`."""
         ingress = self.ingress.model_copy(update={"revision": revision})
         return Record(ingress, ingress.model_dump_json(), self.source, removed=True, removed_at=now)
-
-
-def record_key(records_prefix: str, authority: str, ingress_id: str) -> str:
-    """Where the record of one ingress lives."""
-    return f"{records_prefix}/{authority}/{ingress_id}"
-
-
-def owner_of_record_key(records_prefix: str, key: str) -> tuple[str, str] | None:
-    """(authority, id) of a key under `records_prefix`, or None for anything else."""
-    authority, _, ingress_id = key[len(records_prefix) + 1 :].partition("/")
-    if not authority or not ingress_id or "/" in ingress_id:
-        return None
-    return authority, ingress_id
-
-
-class RecordDecodeError(ValueError):
-    """A stored record that does not decode (written by something else, or by an older version)."""
 
 
 def decode_record(value: str) -> Record:
@@ -91,40 +79,43 @@ def decode_record(value: str) -> Record:
 
 
 class RecordStore:
-    """The committed records (as they are in etcd), keyed by (authority, id): live ones and tombstones."""
+    """The committed records (as they are in etcd), keyed by (authority, id): live ones and tombstones.
 
-    def __init__(self) -> None:
-        self.records: dict[tuple[str, str], Record] = {}
-        self.tombstones: dict[tuple[str, str], Record] = {}
-        # Told of every committed change (the health engine follows the checked ingresses).
-        self.listener: Callable[[tuple[str, str], Ingress | None], None] = lambda _key, _ingress: None
+    `listener` is told of every change of a live record (the health engine follows the
+    checked ingresses through it).
+    """
+
+    def __init__(self, listener: RecordListener | None = None) -> None:
+        self.records: dict[IngressRef, Record] = {}
+        self.tombstones: dict[IngressRef, Record] = {}
+        self._listener = listener
 
     def __len__(self) -> int:
         return len(self.records)
 
-    def get(self, key: tuple[str, str]) -> Record | None:
+    def get(self, key: IngressRef) -> Record | None:
         """The committed live record of one ingress."""
         return self.records.get(key)
 
-    def latest(self, key: tuple[str, str]) -> Record | None:
+    def latest(self, key: IngressRef) -> Record | None:
         """The live record, else the tombstone, of one ingress."""
         return self.records.get(key) or self.tombstones.get(key)
 
-    def set(self, key: tuple[str, str], record: Record | None) -> None:
+    def set(self, key: IngressRef, record: Record | None) -> None:
         """Commit a record, a tombstone, or None (no record at all)."""
         if record is None or record.removed:
             if record is None:
                 self.tombstones.pop(key, None)
             else:
                 self.tombstones[key] = record
-            if self.records.pop(key, None) is not None:
-                self.listener(key, None)
+            if self.records.pop(key, None) is not None and self._listener is not None:
+                self._listener(key, None)
             return
         self.tombstones.pop(key, None)
         previous = self.records.get(key)
         self.records[key] = record
-        if previous is None or previous.content != record.content:
-            self.listener(key, record.ingress)
+        if (previous is None or previous.content != record.content) and self._listener is not None:
+            self._listener(key, record.ingress)
 
     def by_authority(self, authority: str | None = None) -> list[Record]:
         """Every live record, or those of one authority, ordered by key."""

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from ..etcd.client import Compare, Op
+from ..etcd.types import Compare, Op
 from ..plan.plan import Change, UnitPlan
 
 _TXN_OVERHEAD = 256

@@ -14,7 +14,9 @@ from dataclasses import dataclass, field
 
 from loguru import logger
 
-from ..etcd.client import Compare, EtcdClient, EtcdError
+from ..errors import EtcdError
+from ..etcd.store import EtcdStore
+from ..etcd.types import Compare
 from ..plan.observed import Observed
 from ..plan.plan import UnitPlan
 from . import metrics
@@ -32,12 +34,26 @@ class ApplyResult:
     revision: int = 0
     txns: int = 0
 
+    def merge(self, other: ApplyResult) -> None:
+        """Add another apply's results to this one."""
+        self.committed += other.committed
+        self.conflicted += other.conflicted
+        self.failed += other.failed
+        self.error = self.error or other.error
+        self.revision = max(self.revision, other.revision)
+        self.txns += other.txns
+
 
 class Writer:
-    """Commits plans; `fence` compares (leadership) are added to every transaction."""
+    """Commits plans; `fence` compares (leadership) are added to every transaction.
+
+    It also answers what the watch needs to tell its own writes from anyone else's: whether a
+    revision is one of its commits, whether a value is being written right now, and when no
+    transaction is in flight.
+    """
 
     def __init__(
-        self, etcd: EtcdClient, observed: Observed, *, max_ops: int = 128, max_bytes: int = 1_000_000, max_in_flight: int = 8
+        self, etcd: EtcdStore, observed: Observed, *, max_ops: int = 128, max_bytes: int = 1_000_000, max_in_flight: int = 8
     ) -> None:
         self._etcd = etcd
         self._observed = observed
@@ -45,13 +61,35 @@ class Writer:
         self._max_bytes = max_bytes
         self._in_flight = asyncio.Semaphore(max_in_flight)
         # Values being written right now: the watch can report them before the txn reply arrives.
-        self.inflight: dict[str, str | None] = {}
+        self._writing: dict[str, str | None] = {}
         # Revisions our own transactions created: their watch events need no decoding.
-        self.own_revisions: set[int] = set()
-        # Set while no transaction is in flight (the watch defers events until then).
-        self.idle = asyncio.Event()
-        self.idle.set()
+        self._own_revisions: set[int] = set()
+        # Set while no transaction is in flight.
+        self._idle = asyncio.Event()
+        self._idle.set()
         self._sending = 0
+
+    def is_own(self, revision: int) -> bool:
+        """True when `revision` was created by one of this writer's transactions."""
+        return revision in self._own_revisions
+
+    def is_writing(self, key: str, value: str | None) -> bool:
+        """True when a transaction in flight writes `value` (None: a delete) at `key`."""
+        return key in self._writing and self._writing[key] == value
+
+    @property
+    def busy(self) -> bool:
+        """True while a transaction is in flight."""
+        return not self._idle.is_set()
+
+    async def wait_idle(self) -> None:
+        """Return once no transaction is in flight."""
+        await self._idle.wait()
+
+    def forget_until(self, revision: int) -> None:
+        """Forget own revisions up to `revision` (the watch has seen them all)."""
+        if len(self._own_revisions) > 10_000:
+            self._own_revisions = {r for r in self._own_revisions if r > revision}
 
     async def apply(self, groups: Sequence[Sequence[UnitPlan]], fence: Sequence[Compare] = ()) -> ApplyResult:
         """Commit every unit of `groups`; a group (one request) shares a transaction when it fits."""
@@ -66,24 +104,24 @@ class Writer:
     async def _send(self, txn: Txn, compares: Sequence[Compare]) -> tuple[bool, int]:
         async with self._in_flight:
             for change in txn.changes:
-                self.inflight[change.key] = change.new
+                self._writing[change.key] = change.new
             self._sending += 1
-            self.idle.clear()
+            self._idle.clear()
             try:
                 reply = await self._etcd.txn(compares, txn.ops())
                 self._record(txn, reply.succeeded, reply.revision)
             finally:
                 for change in txn.changes:
-                    self.inflight.pop(change.key, None)
+                    self._writing.pop(change.key, None)
                 self._sending -= 1
                 if not self._sending:
-                    self.idle.set()
+                    self._idle.set()
         return reply.succeeded, reply.revision
 
     def _record(self, txn: Txn, succeeded: bool, revision: int) -> None:
         metrics.TXNS.labels("committed" if succeeded else "conflict").inc()
         if succeeded:
-            self.own_revisions.add(revision)
+            self._own_revisions.add(revision)
             metrics.KEYS_WRITTEN.inc(len(txn.changes))
             for change in txn.changes:
                 self._observed.set(change.key, change.new, revision)

@@ -1,0 +1,137 @@
+"""The values exchanged with etcd: keys read, compares, operations, txn results, watch events.
+
+Shared by the gateway client and anything else that implements `EtcdStore` (the in-memory
+fake in the tests); encoding follows etcd's v3 JSON gateway (base64 keys and values).
+"""
+
+from __future__ import annotations
+
+import base64
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+
+def b64(data: str) -> str:
+    """`data` as the gateway carries it."""
+    return base64.b64encode(data.encode()).decode()
+
+
+def unb64(data: str | None) -> str:
+    """The text of a base64 gateway field (empty when absent)."""
+    return base64.b64decode(data).decode() if data else ""
+
+
+def b64_range_end(prefix: str) -> str:
+    """The base64 `range_end` that selects every key under `prefix`."""
+    raw = bytearray(prefix.encode())
+    while raw:
+        if raw[-1] < 0xFF:
+            raw[-1] += 1
+            return base64.b64encode(bytes(raw)).decode()
+        raw.pop()
+    return base64.b64encode(b"\x00").decode()
+
+
+@dataclass(frozen=True, slots=True)
+class KeyValue:
+    """One key as read from etcd."""
+
+    key: str
+    value: str
+    mod_revision: int
+    create_revision: int
+
+
+@dataclass(frozen=True, slots=True)
+class Compare:
+    """A txn guard on a key's mod_revision (or create_revision with `target="CREATE"`).
+
+    `prefix=True` compares every key under `key` (one range compare).
+    """
+
+    key: str
+    result: Literal["EQUAL", "LESS", "GREATER", "NOT_EQUAL"]
+    mod_revision: int
+    prefix: bool = False
+    target: Literal["MOD", "CREATE"] = "MOD"
+
+    def to_json(self) -> dict[str, Any]:
+        field = "mod_revision" if self.target == "MOD" else "create_revision"
+        out = {"key": b64(self.key), "target": self.target, "result": self.result, field: str(self.mod_revision)}
+        if self.prefix:
+            out["range_end"] = b64_range_end(self.key)
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class Op:
+    """A txn operation: put `value` at `key` (attached to `lease` if set), or delete `key` when `value` is None."""
+
+    key: str
+    value: str | None
+    lease: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        if self.value is None:
+            return {"request_delete_range": {"key": b64(self.key)}}
+        put = {"key": b64(self.key), "value": b64(self.value)}
+        if self.lease:
+            put["lease"] = str(self.lease)
+        return {"request_put": put}
+
+    def size(self) -> int:
+        """Approximate bytes this op adds to a request (base64 inflates by 4/3)."""
+        return (len(self.key) + len(self.value or "")) * 4 // 3 + 48
+
+
+@dataclass(slots=True)
+class TxnResult:
+    """The outcome of a txn: `succeeded` False means a compare failed and nothing was applied."""
+
+    succeeded: bool
+    revision: int
+
+
+class WatchEvent:
+    """One key change seen by a watch; key and value are decoded only when asked for."""
+
+    __slots__ = ("_kv", "mod_revision", "deleted")
+
+    def __init__(self, kv: dict[str, Any], mod_revision: int, deleted: bool) -> None:
+        self._kv = kv
+        self.mod_revision = mod_revision
+        self.deleted = deleted
+
+    @classmethod
+    def of(cls, key: str, value: str | None, mod_revision: int) -> WatchEvent:
+        """An event from decoded values (a put of `value`, or a delete when None)."""
+        kv = {"key": b64(key)} if value is None else {"key": b64(key), "value": b64(value)}
+        return cls(kv, mod_revision, value is None)
+
+    @property
+    def key(self) -> str:
+        """The key that changed."""
+        return unb64(self._kv["key"])
+
+    @property
+    def value(self) -> str | None:
+        """The new value, or None for a delete."""
+        return None if self.deleted else unb64(self._kv.get("value"))
+
+
+@dataclass
+class RangePage:
+    """The result of a (paged) range read, pinned to one revision."""
+
+    kvs: list[KeyValue] = field(default_factory=list)
+    revision: int = 0
+
+
+def kv_of(raw: dict[str, Any]) -> KeyValue:
+    """A KeyValue from the gateway's JSON."""
+    return KeyValue(
+        key=unb64(raw["key"]),
+        value=unb64(raw.get("value")),
+        mod_revision=int(raw.get("mod_revision", 0)),
+        create_revision=int(raw.get("create_revision", 0)),
+    )

@@ -1,0 +1,131 @@
+"""Where everything lives in etcd, derived in one place: `KeyLayout`, and an ingress's identity, `IngressRef`.
+
+Under each root (one per authority, from the `root_key` template) the exporter owns the
+root keys below and every object named for one of its ingresses: `<authority>_<id>` or
+`<authority>_<id>_<suffix>`. Neither label may contain `_`, so an object name alone says
+which ingress it belongs to. Beside the roots: the records (`<records>/<authority>/<id>`),
+the published health documents (`<health>/<authority>/<id>`) and the election key.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+# Keys the exporter keeps under every root (see render/root_keys.py for why).
+OWNER_KEY = "_meta/owner"
+CERT_KEY = "tls/stores/default/defaultCertificate/certFile"
+KEY_KEY = "tls/stores/default/defaultCertificate/keyFile"
+ROOT_OWNED = frozenset({OWNER_KEY, CERT_KEY, KEY_KEY})
+# Traefik's configuration kinds: the first segment of an object path under a root.
+_KINDS = frozenset({"http", "tcp", "udp"})
+
+
+class IngressRef(NamedTuple):
+    """The identity of an ingress: (authority, id)."""
+
+    authority: str
+    id: str
+
+    def __str__(self) -> str:
+        return f"{self.authority}/{self.id}"
+
+
+def _child(prefix: str, key: str) -> IngressRef | None:
+    """The ref of `<prefix>/<authority>/<id>`, or None for anything else."""
+    if not key.startswith(prefix):
+        return None
+    authority, _, ingress_id = key[len(prefix) :].partition("/")
+    if not authority or not ingress_id or "/" in ingress_id:
+        return None
+    return IngressRef(authority, ingress_id)
+
+
+@dataclass(frozen=True)
+class KeyLayout:
+    """Every key name the exporter reads or writes, built once from the settings."""
+
+    root_key: str = "traefik/worker_{authority}"
+    records_prefix: str = "traefik-etcd-exporter/records"
+    health_prefix: str = ""
+    election_key: str = ""
+    # Derived: the common prefix of every root (what the mirror lists and watches).
+    roots_prefix: str = field(init=False)
+    _root_depth: int = field(init=False)
+
+    def __post_init__(self) -> None:
+        records = self.records_prefix.rstrip("/")
+        object.__setattr__(self, "records_prefix", records)
+        object.__setattr__(self, "health_prefix", self.health_prefix.rstrip("/") or f"{records}.health")
+        object.__setattr__(self, "election_key", self.election_key or f"{records}.leader")
+        prefix = self.root_key.split("{authority}")[0] if "{authority}" in self.root_key else self.root_key + "/"
+        object.__setattr__(self, "roots_prefix", prefix)
+        # Every root has as many segments as the root_key template.
+        object.__setattr__(self, "_root_depth", self.root_key.count("/") + 1)
+
+    # ----- roots and the objects under them
+
+    def root(self, authority: str) -> str:
+        """The Traefik rootKey of one authority."""
+        return self.root_key.replace("{authority}", authority)
+
+    def is_root_owned(self, root: str, key: str) -> bool:
+        """True for the sentinel and default-certificate keys of `root`."""
+        return key.startswith(root + "/") and key[len(root) + 1 :] in ROOT_OWNED
+
+    @staticmethod
+    def object_name(ref: IngressRef) -> str:
+        """The base Traefik object name of an ingress (its other objects add `_<suffix>`)."""
+        return f"{ref.authority}_{ref.id}"
+
+    @staticmethod
+    def owner_of_object(object_path: str) -> IngressRef | None:
+        """The ingress an object path (`.../http/routers/<name>`) is named for, by the naming rule."""
+        name = object_path.rsplit("/", 1)[-1]
+        parts = name.split("_", 2)
+        if len(parts) < 2 or not parts[0] or not parts[1]:
+            return None
+        return IngressRef(parts[0], parts[1])
+
+    def object_of(self, key: str) -> str | None:
+        """The object path (`<root>/<kind>/<section>/<name>`) a key under a root belongs to."""
+        if not key.startswith(self.roots_prefix):
+            return None
+        depth = self._root_depth
+        parts = key.split("/", depth + 3)
+        if len(parts) < depth + 4 or parts[depth] not in _KINDS or not parts[depth + 2]:
+            return None
+        return "/".join(parts[: depth + 3])
+
+    def owner_of_key(self, key: str) -> IngressRef | None:
+        """The ingress an object key under a root is named for."""
+        obj = self.object_of(key)
+        return self.owner_of_object(obj) if obj else None
+
+    # ----- records, health documents
+
+    @property
+    def records_dir(self) -> str:
+        """The prefix every record key starts with."""
+        return self.records_prefix + "/"
+
+    def record_key(self, ref: IngressRef) -> str:
+        """Where the record of one ingress lives."""
+        return f"{self.records_prefix}/{ref.authority}/{ref.id}"
+
+    def record_ref(self, key: str) -> IngressRef | None:
+        """The ingress of a record key, or None for anything else."""
+        return _child(self.records_dir, key)
+
+    @property
+    def health_dir(self) -> str:
+        """The prefix every published health document starts with."""
+        return self.health_prefix + "/"
+
+    def health_key(self, ref: IngressRef) -> str:
+        """Where the leader publishes one ingress's node states."""
+        return f"{self.health_prefix}/{ref.authority}/{ref.id}"
+
+    def health_ref(self, key: str) -> IngressRef | None:
+        """The ingress of a health document key, or None."""
+        return _child(self.health_dir, key)

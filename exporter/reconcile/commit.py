@@ -1,0 +1,233 @@
+"""Plan and write: turns desired records into guarded transactions, re-planning after conflicts.
+
+A commit step returns an `Outcome` (which ingresses are done, which failed and why, what to
+redo) and never answers a request itself. Requests are guarded by their record compares;
+everything the leader writes on its own (repair, reconcile, health) is fenced by the
+election key too, and a follower writes only what requests ask for.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+from loguru import logger
+
+from ..errors import EtcdError, EtcdUnavailable
+from ..keys import IngressRef
+from ..plan.format import format_plan
+from ..plan.observed import Observed
+from ..plan.plan import Plan, UnitPlan
+from ..plan.planner import Planner
+from ..roles import Ejections, LeaderPolicy
+from ..store.records import Record, RecordStore
+from ..write import metrics
+from ..write.writer import ApplyResult, Writer
+from .intents import NOT_WRITTEN, Outcome, peer_verdict
+from .mirror import Mirror
+
+_MAX_CONFLICT_RETRIES = 8
+# Ingresses planned per step of a large batch; later steps are planned while earlier ones commit.
+_PIPELINE_CHUNK = 256
+# Changes logged per unit that no request asked for (repair, health, reconcile).
+_LOGGED_CHANGES = 20
+
+
+@dataclass
+class Batch:
+    """Ingresses to write now: those requests change (with their request's group) and the dirty ones."""
+
+    requested: dict[IngressRef, int]
+    wanted: dict[IngressRef, Record]
+    dirty: dict[IngressRef, str]
+
+
+class Committer:
+    """Plans the given ingresses against the mirror and writes the plan."""
+
+    def __init__(
+        self,
+        *,
+        planner: Planner,
+        observed: Observed,
+        store: RecordStore,
+        writer: Writer,
+        mirror: Mirror,
+        leader: LeaderPolicy,
+        ejections: Ejections,
+        desired: Callable[[IngressRef], Record | None],
+        dry_run: bool = False,
+    ) -> None:
+        self._planner = planner
+        self._observed = observed
+        self._store = store
+        self._writer = writer
+        self._mirror = mirror
+        self._leader = leader
+        self._ejections = ejections
+        self._desired = desired
+        self._dry_run = dry_run
+        self._last_dry_run = ""
+        self.last_revision = 0
+
+    async def commit(self, batch: Batch) -> Outcome:
+        """Write `batch`, re-planning what lost a compare; requests come first, then (leader only) the dirty."""
+        outcome = Outcome()
+        requested = dict(batch.requested)
+        refs = list(dict.fromkeys([*requested, *(batch.dirty if self._leader.is_leader() else ())]))
+        try:
+            for attempt in range(_MAX_CONFLICT_RETRIES):
+                conflicted = await self._plan_and_apply(refs, requested, batch.dirty, outcome)
+                if not conflicted or outcome.error is not None:
+                    return outcome
+                await self._mirror.refresh(conflicted)
+                self._judge_peer_records(conflicted, batch.wanted, outcome)
+                requested = {r: requested[r] for r in outcome.open(requested)}
+                refs = self._retried(conflicted, requested, batch.wanted)
+                logger.info("re-planning {} ingresses after a compare failed (attempt {})", len(refs), attempt + 1)
+        except EtcdError as exc:
+            outcome.error = exc
+            return outcome
+        for ref in outcome.open(requested):
+            outcome.failed[ref] = EtcdUnavailable("etcd kept changing under the exporter; retry")
+        outcome.redo.update({r: "conflict" for r in refs})
+        return outcome
+
+    async def reconcile_all(self, view: Mapping[IngressRef, Record], skip: set[IngressRef]) -> tuple[Plan, Outcome]:
+        """Plan every known ingress against the mirror and write what differs (except `skip`)."""
+        outcome = Outcome()
+        plan = self._planner.plan(view, self._observed, None, self._ejections)
+        plan.units = [u for u in plan.units if u.owner not in skip]
+        if not plan.empty:
+            await self._apply(plan, {}, {u.owner: "reconcile" for u in plan.units if u.owner}, outcome)
+        return plan, outcome
+
+    def _retried(
+        self, conflicted: Sequence[UnitPlan], requested: Mapping[IngressRef, int], wanted: Mapping[IngressRef, Record]
+    ) -> list[IngressRef]:
+        """What to plan again: open requests; and, for the leader, other ingresses (not requests a peer answered)."""
+        leader = self._leader.is_leader()
+        refs = (u.owner for u in conflicted if u.owner is not None)
+        return list(dict.fromkeys(r for r in refs if r in requested or (leader and r not in wanted)))
+
+    def _judge_peer_records(self, units: Sequence[UnitPlan], wanted: Mapping[IngressRef, Record], outcome: Outcome) -> None:
+        # A peer may have committed a record meanwhile: the request is then done or stale.
+        for ref in {u.owner for u in units if u.owner in wanted}:
+            assert ref is not None
+            verdict = peer_verdict(wanted[ref], self._store.latest(ref))
+            if verdict is True:
+                outcome.done.add(ref)
+            elif verdict:
+                outcome.failed[ref] = verdict
+
+    async def _plan_and_apply(
+        self, refs: list[IngressRef], requested: dict[IngressRef, int], dirty: Mapping[IngressRef, str], outcome: Outcome
+    ) -> list[UnitPlan]:
+        """Plan and write in chunks, so the next chunk is planned while earlier ones are in flight."""
+        applying: list[asyncio.Task[list[UnitPlan]]] = []
+        for start in range(0, len(refs), _PIPELINE_CHUNK):
+            chunk = refs[start : start + _PIPELINE_CHUNK]
+            view = {r: record for r in chunk if (record := self._desired(r)) is not None}
+            plan = self._planner.plan(view, self._observed, chunk, self._ejections, include_roots=start == 0)
+            groups = {}
+            for ref in chunk:
+                error = self._planner.errors.get(ref)
+                if ref in requested and error is not None:
+                    outcome.failed[ref] = error
+                elif ref in requested:
+                    groups[ref] = requested[ref]
+            applying.append(asyncio.create_task(self._apply(plan, groups, dirty, outcome)))
+            await asyncio.sleep(0)  # let replies of transactions in flight be handled
+        results = await asyncio.gather(*applying, return_exceptions=True)
+        conflicted: list[UnitPlan] = []
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
+            conflicted.extend(result)
+        return conflicted
+
+    async def _apply(
+        self, plan: Plan, groups: Mapping[IngressRef, int], reasons: Mapping[IngressRef, str], outcome: Outcome
+    ) -> list[UnitPlan]:
+        """Write `plan`, recording what committed in `outcome`; returns the units that lost a compare."""
+        plan.units = self._allowed(plan.units, groups)
+        metrics.PLAN_CHANGES.observe(len(plan.changes()))
+        planned = {u.owner for u in plan.units}
+        # Requested ingresses that need no change are as desired already.
+        outcome.done.update(ref for ref in groups if ref not in planned)
+        if plan.empty:
+            return []
+        self._log_unrequested(plan.units, groups, reasons)
+        if self._dry_run:
+            self._log_dry_run(plan)
+            outcome.done.update(groups)
+            return []
+        result = await self._write(plan.units, groups)
+        self._record(result, groups, reasons, outcome)
+        return result.conflicted
+
+    def _allowed(self, units: list[UnitPlan], groups: Mapping[IngressRef, int]) -> list[UnitPlan]:
+        if self._leader.is_leader():
+            return units
+        # Followers, and a leader deposed between two conflict retries, write only what requests
+        # ask for (never a leader-only change unfenced); the leader makes the rest.
+        return [u for u in units if u.owner in groups or (u.owner is None and groups)]
+
+    async def _write(self, units: list[UnitPlan], groups: Mapping[IngressRef, int]) -> ApplyResult:
+        first = min(groups.values(), default=-1)
+        pushed: dict[int, list[UnitPlan]] = {}
+        own: list[list[UnitPlan]] = []
+        for unit in units:
+            if unit.owner is not None and unit.owner in groups:
+                pushed.setdefault(groups[unit.owner], []).append(unit)
+            elif unit.owner is None and first >= 0:
+                # A root's own keys ride with the first request (create-only: no fence needed).
+                pushed.setdefault(first, []).append(unit)
+            else:
+                own.append([unit])
+        applies = [self._writer.apply(list(pushed.values()))]
+        if own:
+            applies.append(self._writer.apply(own, self._leader.fence()))
+        result, *more = await asyncio.gather(*applies)
+        for other in more:
+            result.merge(other)
+        self.last_revision = max(self.last_revision, result.revision)
+        return result
+
+    def _record(
+        self, result: ApplyResult, groups: Mapping[IngressRef, int], reasons: Mapping[IngressRef, str], outcome: Outcome
+    ) -> None:
+        for unit in result.committed:
+            if unit.owner is None:
+                continue
+            if unit.owner in groups:
+                outcome.done.add(unit.owner)
+            else:
+                self._store.set(unit.owner, unit.record)
+        if result.error is None:
+            return
+        for ref in {u.owner for u in result.failed if u.owner is not None}:
+            if ref in groups:
+                outcome.failed[ref] = EtcdUnavailable(NOT_WRITTEN)
+            else:
+                outcome.redo[ref] = reasons.get(ref, "retry")
+        outcome.error = result.error
+
+    def _log_unrequested(self, units: list[UnitPlan], groups: Mapping[IngressRef, int], reasons: Mapping[IngressRef, str]) -> None:
+        for unit in units:
+            if unit.owner in groups:
+                continue
+            reason = reasons.get(unit.owner) if unit.owner else "reconcile"
+            if reason is None:
+                continue
+            if reason == "drift":
+                metrics.REPAIRS.inc(len(unit.changes))
+            for change in unit.changes[:_LOGGED_CHANGES]:
+                logger.info("{}: {} {}", reason, change.sign, change.key)
+
+    def _log_dry_run(self, plan: Plan) -> None:
+        text = format_plan(plan)
+        if text != self._last_dry_run:
+            logger.info("dry-run: would apply\n{}", text.rstrip())
+            self._last_dry_run = text

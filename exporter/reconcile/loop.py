@@ -1,0 +1,183 @@
+"""The write loop: when to re-list, reconcile everything, or write a batch; and backing off when etcd fails.
+
+Scheduling only: what to write is the committer's job, answering requests the intents'.
+Requests arriving in a burst are gathered for a short window so they share transactions
+(one Traefik reload); a lone request is written at once. A periodic full pass re-plans
+everything as a safety net. All planning and writing happens in this one task, so the
+mirror never races with itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+
+from loguru import logger
+
+from ..errors import EtcdError, EtcdUnavailable
+from ..roles import LeaderPolicy
+from ..write import metrics
+from .commit import Batch, Committer
+from .inbox import Inbox
+from .intents import NOT_WRITTEN, Intents
+from .mirror import Mirror
+
+_BACKOFF_MIN = 0.1
+_BACKOFF_MAX = 5.0
+
+
+@dataclass
+class Status:
+    """What /readyz reports."""
+
+    etcd_ok: bool = False
+    synced: bool = False
+    last_error: str | None = None
+    foreign_keys: int = 0
+    last_revision: int = 0
+    full_passes: int = 0
+
+
+@dataclass(frozen=True)
+class Cadence:
+    """How often the loop acts: the burst window, the full-pass interval, the tombstone lifetime."""
+
+    coalesce_window: float = 0.02
+    reconcile_interval: float = 30.0
+    tombstone_ttl: float = 86400.0
+
+
+class Loop:
+    """Runs until stopped: re-list, full pass, batch, in that order, whenever there is work."""
+
+    def __init__(
+        self, *, inbox: Inbox, intents: Intents, mirror: Mirror, committer: Committer, leader: LeaderPolicy,
+        status: Status, cadence: Cadence,
+    ) -> None:
+        self._inbox = inbox
+        self._intents = intents
+        self._mirror = mirror
+        self._committer = committer
+        self._leader = leader
+        self._status = status
+        self._cadence = cadence
+        self._synced = asyncio.Event()
+        self._stopping = False
+        self._last_batch = 0.0
+        self._last_batch_requests = 0
+
+    async def wait_synced(self, timeout: float | None = None) -> None:
+        """Wait until the first full sync with etcd is done."""
+        await asyncio.wait_for(self._synced.wait(), timeout)
+
+    def stop(self) -> None:
+        """Finish what is queued, then return from `run`."""
+        self._stopping = True
+        self._inbox.poke()
+
+    async def run(self) -> None:
+        """The loop itself."""
+        backoff = _BACKOFF_MIN
+        next_full = time.monotonic()
+        while True:
+            await self._inbox.wait(max(0.0, next_full - time.monotonic()))
+            if self._stopping and not self._intents.queued_requests:
+                return
+            await self._gather_burst()
+            self._inbox.clear()
+            if time.monotonic() >= next_full:
+                self._inbox.full_requested = True
+            try:
+                next_full = await self._turn(next_full)
+                backoff = _BACKOFF_MIN
+                self._status.etcd_ok = True
+            except EtcdError as exc:
+                self._etcd_down(exc, backoff)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, _BACKOFF_MAX)
+                next_full = time.monotonic()  # retry now: re-list and reconcile everything
+
+    async def _gather_burst(self) -> None:
+        # Gather the rest of a burst so it shares transactions (and one Traefik reload), for at
+        # most one window counted from the oldest queued request: under steady load the queue
+        # fills while the previous batch commits, and nothing waits more. A lone request is
+        # written at once: coalescing must not cost it latency.
+        window = self._cadence.coalesce_window
+        if window and self._in_burst():
+            remaining = window - (time.monotonic() - self._intents.queued_at)
+            if remaining > 0:
+                await asyncio.sleep(remaining)
+
+    def _in_burst(self) -> bool:
+        """Several requests queued, or the previous batch had several and ended within the window."""
+        queued = self._intents.queued_requests
+        if queued > 1:
+            return True
+        recent = time.monotonic() - self._last_batch < self._cadence.coalesce_window
+        return bool(queued) and recent and self._last_batch_requests > 1
+
+    async def _turn(self, next_full: float) -> float:
+        if self._inbox.relist_requested:
+            await self._relist()
+        if self._inbox.full_requested:
+            self._inbox.full_requested = False
+            next_full = time.monotonic() + self._cadence.reconcile_interval
+            await self._full_pass()
+        if self._intents.queued_requests or self._inbox.dirty:
+            await self._batch()
+        return next_full
+
+    def _etcd_down(self, exc: EtcdError, backoff: float) -> None:
+        metrics.ETCD_ERRORS.inc()
+        self._status.etcd_ok = False
+        self._status.last_error = exc.title
+        logger.warning("etcd unavailable ({}); retrying in {:.1f}s", exc.title, backoff)
+        self._intents.fail_queue(EtcdUnavailable(NOT_WRITTEN))
+        self._inbox.relist_requested = True
+
+    async def _relist(self) -> None:
+        recovering = self._status.synced and not self._status.etcd_ok
+        revision = await self._mirror.relist()
+        self._inbox.relist_requested = False
+        self._status.etcd_ok = True
+        self._status.last_revision = revision
+        if recovering:
+            logger.info("etcd reachable again: re-listed, restarting watches")
+            self._mirror.start_watches()
+
+    async def _full_pass(self) -> None:
+        if self._leader.is_leader():
+            started = time.monotonic()
+            view = self._intents.desired_view(time.time() - self._cadence.tombstone_ttl)
+            # Ingresses of queued requests are written by the batch, with their requests.
+            plan, outcome = await self._committer.reconcile_all(view, self._intents.queued_refs())
+            self._inbox.redo(outcome.redo)
+            if outcome.error is not None:
+                raise outcome.error
+            if plan.foreign and len(plan.foreign) != self._status.foreign_keys:
+                logger.warning("{} foreign keys under managed roots (left alone), e.g. {}", len(plan.foreign), plan.foreign[0])
+            self._status.foreign_keys = len(plan.foreign)
+            self._status.last_revision = max(self._status.last_revision, self._committer.last_revision)
+            metrics.RECONCILE_SECONDS.observe(time.monotonic() - started)
+        self._status.full_passes += 1
+        if not self._status.synced:
+            self._status.synced = True
+            self._synced.set()
+
+    async def _batch(self) -> None:
+        intents = self._intents.take()
+        dirty = self._inbox.take_dirty()
+        self._last_batch_requests = len({i.group for i in intents})
+        batch = Batch(requested=Intents.groups(intents), wanted={i.ref: i.record for i in intents}, dirty=dirty)
+        try:
+            outcome = await self._committer.commit(batch)
+        except BaseException:
+            self._intents.fail_all(intents, EtcdUnavailable(NOT_WRITTEN))
+            raise
+        self._intents.resolve(intents, outcome)
+        self._inbox.redo(outcome.redo)
+        self._status.last_revision = max(self._status.last_revision, self._committer.last_revision)
+        self._last_batch = time.monotonic()
+        if outcome.error is not None:
+            raise outcome.error

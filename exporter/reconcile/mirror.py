@@ -1,0 +1,187 @@
+"""The observed mirror kept equal to etcd: paged re-lists, watches, deferred events, peer records.
+
+Everything under the roots and the records prefix is mirrored into `Observed` (what plans
+diff against) and the committed records into the `RecordStore`. Watch events of our own
+transactions are recognised by revision without decoding; events that arrive while our
+transactions are in flight wait until they are done. Keys someone else changed flag their
+ingress as drifted (`on_drift`); a watch etcd cancels asks for a re-list (`on_stale`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import Callable, Iterable, Sequence
+
+from loguru import logger
+
+from ..errors import EtcdError, RecordDecodeError, WatchCanceled
+from ..etcd.store import EtcdStore
+from ..etcd.types import WatchEvent
+from ..keys import IngressRef, KeyLayout
+from ..plan.observed import Observed
+from ..plan.plan import UnitPlan
+from ..store.records import RecordStore, decode_record
+from ..write.writer import Writer
+
+_BACKOFF_MAX = 5.0
+
+
+class Mirror:
+    """Reads etcd into `observed` and `store`; the writer's own commits are told apart from others'."""
+
+    def __init__(
+        self,
+        etcd: EtcdStore,
+        layout: KeyLayout,
+        observed: Observed,
+        store: RecordStore,
+        writer: Writer,
+        *,
+        on_drift: Callable[[Sequence[IngressRef]], None],
+        on_stale: Callable[[], None],
+        idle_timeout: float = 60.0,
+    ) -> None:
+        self._etcd = etcd
+        self._layout = layout
+        self._observed = observed
+        self._store = store
+        self._writer = writer
+        self._on_drift = on_drift
+        self._on_stale = on_stale
+        self._idle_timeout = idle_timeout
+        self._listed = asyncio.Event()
+        self._deferred: list[WatchEvent] = []
+        self._draining: asyncio.Task[None] | None = None
+        self._watches: list[asyncio.Task[None]] = []
+
+    async def relist(self) -> int:
+        """Rebuild the mirror and the committed records from a paged read; returns its revision."""
+        roots = await self._etcd.range_prefix(self._layout.roots_prefix)
+        records = await self._etcd.range_prefix(self._layout.records_dir, revision=roots.revision)
+        self._observed.load(
+            ((kv.key, kv.value, kv.mod_revision) for kv in itertools.chain(roots.kvs, records.kvs)), roots.revision
+        )
+        listed = {self.adopt_record(kv.key, kv.value) for kv in records.kvs}
+        for ref in [r for r in [*self._store.records, *self._store.tombstones] if r not in listed]:
+            self._store.set(ref, None)
+        self._listed.set()
+        logger.info("listed etcd at revision {}: {} records, {} keys", roots.revision, len(records.kvs), len(roots.kvs))
+        return roots.revision
+
+    def adopt_record(self, key: str, value: str | None) -> IngressRef | None:
+        """Take a record read from etcd (None: deleted) into the store; returns its ingress."""
+        ref = self._layout.record_ref(key)
+        if ref is None:
+            return None
+        if value is None:
+            self._store.set(ref, None)
+            return ref
+        try:
+            record = decode_record(value)
+        except RecordDecodeError as exc:
+            logger.error("ignoring record {}: {}", key, exc.title)
+            return None
+        if record.key != ref:
+            logger.error("ignoring record {}: it holds ingress {}", key, record.key)
+            return None
+        self._store.set(ref, record)
+        return ref
+
+    async def refresh(self, units: Iterable[UnitPlan]) -> None:
+        """Re-read what conflicted units guard, adopting any record a peer wrote meanwhile."""
+        for unit in units:
+            for compare in unit.compares:
+                if compare.prefix:
+                    page = await self._etcd.range_prefix(compare.key)
+                    self._observed.replace_object(compare.key.rstrip("/"), page.kvs)
+                    continue
+                found = await self._etcd.get(compare.key)
+                value = found.value if found else None
+                self._observed.set(compare.key, value, found.mod_revision if found else 0)
+                if unit.owner is not None and compare.key == self._layout.record_key(unit.owner):
+                    self.adopt_record(compare.key, value)
+
+    # ----- watches
+
+    def start_watches(self) -> None:
+        """(Re)start the watches; after an etcd restart a long-poll watch can block forever without an error."""
+        for task in self._watches:
+            task.cancel()
+        self._watches = [
+            asyncio.create_task(self._watch(self._layout.roots_prefix), name="watch-roots"),
+            asyncio.create_task(self._watch(self._layout.records_dir), name="watch-records"),
+        ]
+
+    async def stop(self) -> None:
+        """Stop watching."""
+        tasks = [*self._watches, *([self._draining] if self._draining is not None else [])]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._watches = []
+
+    async def _watch(self, prefix: str) -> None:
+        backoff = 0.1
+        last = 0
+        await self._listed.wait()
+        while True:
+            start = max(last, self._observed.revision) + 1
+            try:
+                async for events in self._etcd.watch_prefix(prefix, start, idle_timeout=self._idle_timeout):
+                    self._on_events(events)
+                    last = max(last, *(e.mod_revision for e in events))
+                    self._writer.forget_until(last)
+                    backoff = 0.1
+            except WatchCanceled as exc:
+                logger.warning("watch on {} canceled at compacted revision {}: re-listing", prefix, exc.compact_revision)
+                self._on_stale()
+            except EtcdError as exc:
+                logger.debug("watch on {} ended ({}); resuming", prefix, exc.title)
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, _BACKOFF_MAX)
+
+    def _on_events(self, events: list[WatchEvent]) -> None:
+        if self._writer.busy:
+            # Our own transactions are in flight: their events are recognised by revision once
+            # the replies are in, without decoding them.
+            self._deferred.extend(events)
+            if self._draining is None or self._draining.done():
+                self._draining = asyncio.create_task(self._drain_deferred())
+            return
+        self.apply_events(events)
+
+    async def _drain_deferred(self) -> None:
+        while self._deferred:
+            await self._writer.wait_idle()
+            events, self._deferred = self._deferred, []
+            self.apply_events(events)
+
+    def apply_events(self, events: Iterable[WatchEvent]) -> None:
+        """Mirror events from a watch; ingresses someone else changed are reported as drifted."""
+        changed: set[IngressRef] = set()
+        for event in events:
+            if event.mod_revision <= self._observed.revision or self._writer.is_own(event.mod_revision):
+                continue  # already known, or written by us (a txn is one revision)
+            ref = self._apply_event(event)
+            if ref is not None:
+                changed.add(ref)
+        if changed:
+            self._on_drift(sorted(changed))
+
+    def _apply_event(self, event: WatchEvent) -> IngressRef | None:
+        key = event.key
+        seen = self._observed.keys.get(key)
+        if seen is not None and seen[1] >= event.mod_revision:
+            return None  # our own write, already applied
+        if seen is None and event.deleted:
+            return None
+        value = event.value
+        self._observed.set(key, value, event.mod_revision)
+        if self._writer.is_writing(key, value):
+            return None  # our own transaction, seen before its reply
+        if key.startswith(self._layout.records_dir):
+            return self.adopt_record(key, value)
+        # Peers (other sidecars) write these keys too: only a repair is worth an INFO line.
+        logger.debug("key {} changed by another writer at revision {}", key, event.mod_revision)
+        return self._layout.owner_of_key(key)

@@ -1,0 +1,171 @@
+"""The reconciler: keeps etcd equal to the desired state, built from its parts.
+
+`Intents` (requests and their answers), `Mirror` (etcd as last seen), `Committer` (plan and
+guarded writes) and `Loop` (when to do what) share one `Inbox`; this class wires them and is
+what the sources, the CLI and the daemon talk to.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from ..errors import EtcdUnavailable, TemplateError
+from ..etcd.store import EtcdStore
+from ..keys import IngressRef, KeyLayout
+from ..plan.observed import Observed
+from ..plan.plan import Plan
+from ..plan.planner import Planner
+from ..roles import Admission, AdmitAll, AlwaysLeader, Ejections, LeaderPolicy, NoEjections
+from ..store.records import Record, RecordStore
+from ..store.revisions import classify_remove, classify_upsert
+from ..write.writer import Writer
+from .commit import Committer
+from .inbox import Inbox
+from .intents import Intents, answered
+from .loop import Cadence, Loop, Status
+from .mirror import Mirror
+
+
+@dataclass(frozen=True)
+class TxnLimits:
+    """etcd's limits per transaction, and how many transactions may be in flight."""
+
+    max_ops: int = 128
+    max_bytes: int = 1_000_000
+    max_in_flight: int = 8
+
+
+@dataclass(frozen=True)
+class Removal:
+    """A remove request for one ingress."""
+
+    ref: IngressRef
+    revision: int
+
+
+class Reconciler:
+    """Owns the desired records, the observed mirror, and every write to etcd."""
+
+    def __init__(
+        self,
+        *,
+        etcd: EtcdStore,
+        layout: KeyLayout,
+        planner: Planner,
+        store: RecordStore | None = None,
+        observed: Observed | None = None,
+        inbox: Inbox | None = None,
+        leader: LeaderPolicy | None = None,
+        ejections: Ejections | None = None,
+        admission: Admission | None = None,
+        cadence: Cadence = Cadence(),
+        limits: TxnLimits = TxnLimits(),
+        dry_run: bool = False,
+    ) -> None:
+        self.store = store if store is not None else RecordStore()
+        self.status = Status()
+        self.observed = observed if observed is not None else Observed(layout)
+        self._planner = planner
+        self._inbox = inbox if inbox is not None else Inbox()
+        self._ejections = ejections if ejections is not None else NoEjections()
+        self._admission = admission if admission is not None else AdmitAll()
+        self._intents = Intents(self.store)
+        leader = leader if leader is not None else AlwaysLeader()
+        writer = Writer(etcd, self.observed, max_ops=limits.max_ops, max_bytes=limits.max_bytes, max_in_flight=limits.max_in_flight)
+        self._mirror = Mirror(
+            etcd, layout, self.observed, self.store, writer,
+            on_drift=self._drifted, on_stale=self._stale, idle_timeout=max(60.0, cadence.reconcile_interval * 2),
+        )
+        committer = Committer(
+            planner=planner, observed=self.observed, store=self.store, writer=writer, mirror=self._mirror,
+            leader=leader, ejections=self._ejections, desired=self._intents.desired, dry_run=dry_run,
+        )
+        self._loop = Loop(
+            inbox=self._inbox, intents=self._intents, mirror=self._mirror, committer=committer, leader=leader,
+            status=self.status, cadence=cadence,
+        )
+        self._task: asyncio.Task[None] | None = None
+
+    # ----- lifecycle
+
+    async def start(self) -> None:
+        """Start the write loop and the watches; returns at once (see `wait_synced`)."""
+        self._task = asyncio.create_task(self._loop.run(), name="reconcile-loop")
+        self._mirror.start_watches()
+
+    async def wait_synced(self, timeout: float | None = None) -> None:
+        """Wait until the first full sync with etcd is done."""
+        await self._loop.wait_synced(timeout)
+
+    async def stop(self) -> None:
+        """Finish the batch in flight (a transaction is never left half-done), then stop."""
+        self._loop.stop()
+        await self._mirror.stop()
+        if self._task is not None:
+            with contextlib.suppress(asyncio.CancelledError, asyncio.TimeoutError):
+                await asyncio.wait_for(self._task, timeout=10)
+        self._intents.fail_queue(EtcdUnavailable("the exporter is shutting down; nothing was written"))
+
+    # ----- requests
+
+    async def submit(self, upserts: Sequence[Record], removes: Sequence[Removal] = ()) -> None:
+        """Check one request, queue it, and wait until all of it is committed (or raise; then nothing was written)."""
+        if not self.status.etcd_ok and self.status.synced:
+            raise EtcdUnavailable("etcd is unreachable; nothing was written")
+        intents = self._intents.stage(self._checked(upserts, removes))
+        self._inbox.poke()
+        await answered(intents)
+
+    def _checked(self, upserts: Sequence[Record], removes: Sequence[Removal]) -> list[tuple[IngressRef, Record]]:
+        """The record each ingress of a request must become; raises (writing nothing) when any is refused."""
+        changes: list[tuple[IngressRef, Record]] = []
+        for upsert in upserts:
+            self._admission.admit(upsert.ingress)
+            # Rendered now (and the cache warmed): a record Traefik would reject is refused before queueing.
+            self._planner.admit(upsert, self._ejections)
+            stored = self._intents.desired(upsert.key)
+            noop = classify_upsert(stored, upsert) == "noop"
+            changes.append((upsert.key, stored if noop and stored is not None else upsert))
+        for removal in removes:
+            stored = self._intents.desired(removal.ref)
+            if stored is not None and classify_remove(stored, *removal.ref, removal.revision) == "apply":
+                changes.append((removal.ref, stored.removal(removal.revision, time.time())))
+        return changes
+
+    def mark_dirty(self, refs: Sequence[IngressRef], reason: str) -> None:
+        """Re-plan these ingresses soon; `reason` (health, drift, ...) is logged with each change."""
+        self._inbox.mark_dirty(refs, reason)
+
+    def request_full(self, relist: bool = False) -> None:
+        """Ask for a full reconcile pass (and a re-list of etcd when `relist`)."""
+        self._inbox.request_full(relist)
+
+    def _drifted(self, refs: Sequence[IngressRef]) -> None:
+        self._inbox.mark_dirty(refs, "drift")
+
+    def _stale(self) -> None:
+        self._inbox.request_full(relist=True)
+
+    # ----- views
+
+    @property
+    def render_errors(self) -> Mapping[IngressRef, TemplateError]:
+        """Ingresses whose keys are left as they are because their render failed."""
+        return self._planner.errors
+
+    async def load(self) -> None:
+        """Read the records and managed keys from etcd (what `diff` compares against)."""
+        await self._mirror.relist()
+
+    def preview(self, upserts: Sequence[Record], removes: Sequence[IngressRef]) -> Plan:
+        """The full plan after applying these changes to the loaded records, without writing."""
+        view = {**self.store.tombstones, **self.store.records}
+        view.update({r.key: r for r in upserts})
+        for ref in removes:
+            if ref in self.store.records:
+                view[ref] = self.store.records[ref].removal(self.store.records[ref].revision, time.time())
+        return self._planner.plan(view, self.observed, None, self._ejections)
