@@ -31,6 +31,7 @@ from exporter.daemon import build_reconciler  # noqa: E402
 from exporter.embedded import free_port  # noqa: E402
 from exporter.etcd.client import EtcdClient  # noqa: E402
 from exporter.reconcile import Reconciler  # noqa: E402
+from exporter.store.records import Record  # noqa: E402
 
 IN_FLIGHT = 8
 
@@ -52,7 +53,7 @@ async def running_reconciler(in_place: int = 0) -> AsyncIterator[Reconciler]:
             await rec.stop()
 
 
-async def submit_all(rec: Reconciler, records: list) -> None:  # type: ignore[type-arg]
+async def submit_all(rec: Reconciler, records: list[Record]) -> None:
     # As ingress files or pushes would: requests of at most 1,000 ingresses.
     await asyncio.gather(*(rec.submit(records[i : i + 1000]) for i in range(0, len(records), 1000)))
 

@@ -10,7 +10,7 @@ import time
 from collections.abc import Awaitable, Callable
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
 import aiohttp
 
@@ -77,7 +77,7 @@ async def raw_write(url: str, kvs: list[tuple[str, str]], in_flight: int, ops: i
     sem = asyncio.Semaphore(in_flight)
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=64)) as session:
 
-        async def one(body: dict) -> None:  # type: ignore[type-arg]
+        async def one(body: dict[str, Any]) -> None:
             async with sem:
                 async with session.post(f"{url}/v3/kv/txn", json=body) as resp:
                     resp.raise_for_status()

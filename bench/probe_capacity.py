@@ -27,6 +27,8 @@ from exporter.health.checkers import load_kinds  # noqa: E402
 from exporter.health.engine import HealthEngine  # noqa: E402
 from exporter.health.kinds import BUILTIN  # noqa: E402
 from exporter.ingress import Ingress  # noqa: E402
+from exporter.keys import IngressRef  # noqa: E402
+from exporter.reconcile import Inbox  # noqa: E402
 
 BACKENDS = """
 import asyncio, sys
@@ -53,7 +55,7 @@ class Lag:
 async def engine_run(ports: list[int], targets: int, seconds: float) -> tuple[float, float]:
     lag = Lag()
     engine_module.LAG = lag  # type: ignore[assignment]
-    engine = HealthEngine(load_kinds(BUILTIN), lambda owners: None, concurrency=512)
+    engine = HealthEngine(load_kinds(BUILTIN), Inbox(), concurrency=512)
     for n in range(targets):
         port = ports[n % len(ports)]
         ingress = Ingress.model_validate({
@@ -62,7 +64,7 @@ async def engine_run(ports: list[int], targets: int, seconds: float) -> tuple[fl
             "upstream": {"servers": [{"url": f"http://127.0.0.{1 + n // 60000}:{port}"}]},
             "health_check": {"enable": True, "interval": 1.0, "max_wait_time": 2.0, "initial_delay": 0},
         })
-        engine.update(("bench", f"t{n}"), ingress)
+        engine.update(IngressRef("bench", f"t{n}"), ingress)
     probes = engine_module.PROBES.labels("success")
     before = probes._value.get()
     await engine.start()

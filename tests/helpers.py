@@ -30,7 +30,7 @@ T = TypeVar("T")
 AUTHORITY = "test"
 
 
-async def eventually(check: Callable[[], Awaitable[T]], timeout: float = 15.0, interval: float = 0.05) -> T:
+async def eventually(check: Callable[[], Awaitable[T | None]], timeout: float = 15.0, interval: float = 0.05) -> T:
     """Poll `check` until it returns a truthy value without raising; fail with its last error."""
     deadline = time.monotonic() + timeout
     last: BaseException | None = None

@@ -3,24 +3,27 @@
 from __future__ import annotations
 
 import asyncio
-import subprocess
-import sys
 from pathlib import Path
 
+import aiohttp
 import pytest
 
 from exporter.config import load_settings
 from exporter.daemon import build_reconciler
 from exporter.embedded import EmbeddedEtcd
 from exporter.etcd.client import EtcdClient
-from tests.helpers import eventually, ingress_yaml, uid
+from tests.helpers import (
+    eventually,
+    ingress_yaml,
+    is_ready,
+    run_cli,
+    start_daemon,
+    stop_daemon,
+    uid,
+)
 
 pytestmark = pytest.mark.integration
 
-
-
-def cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "exporter", *args], capture_output=True, text=True, timeout=60)
 
 
 def write_config(tmp_path: Path, etcd_url: str) -> tuple[Path, str]:
@@ -41,7 +44,7 @@ def test_render_prints_keys_without_etcd(tmp_path: Path) -> None:
     cfg.write_text('etcd: {endpoints: ["http://127.0.0.1:9"]}\nsources: {files: ["ingresses/*.yaml"]}\n')
     (tmp_path / "ingresses").mkdir()
     (tmp_path / "ingresses" / "one.yaml").write_text(ingress_yaml("web1", 1, 8000, authority="cli"))
-    out = cli("render", "--config", str(cfg))
+    out = run_cli("render", "--config", str(cfg))
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
     assert "traefik/worker_cli/http/routers/cli_web1/rule = Host(`web1.test`)" in lines
@@ -52,7 +55,7 @@ def test_render_prints_keys_without_etcd(tmp_path: Path) -> None:
 def test_render_reports_every_bad_field_and_exits_1(tmp_path: Path) -> None:
     bad = tmp_path / "bad.yaml"
     bad.write_text("ingresses:\n  - {authority: Cli, id: '1', revision: -1, upstream: {servers: []}}\n")
-    out = cli("render", str(bad))
+    out = run_cli("render", str(bad))
     assert out.returncode == 1
     for field in ("ingresses.0.authority", "ingresses.0.id", "ingresses.0.revision", "ingresses.0.upstream.servers.servers"):
         assert field in out.stderr
@@ -65,7 +68,7 @@ async def test_diff_shows_pending_change_and_exit_codes(tmp_path: Path, etcd: Em
     ingress_file = tmp_path / "ingresses" / "a.yaml"
     ingress_file.write_text(ingress_yaml(iid, 1, 8000, authority="cli"))
 
-    first = await asyncio.to_thread(cli, "diff", "--config", str(cfg))
+    first = await asyncio.to_thread(run_cli, "diff", "--config", str(cfg))
     assert first.returncode == 2, first.stderr
     assert f"+ {space}/worker_cli/http/routers/cli_{iid}/rule = Host(`{iid}.test`)" in first.stdout
     assert f"+ {space}/records/cli/{iid} = " in first.stdout
@@ -81,11 +84,11 @@ async def test_diff_shows_pending_change_and_exit_codes(tmp_path: Path, etcd: Em
 
         await IngressFiles(settings.sources.files, rec).sync_all()
         await rec.stop()
-    clean = await asyncio.to_thread(cli, "diff", "--config", str(cfg))
+    clean = await asyncio.to_thread(run_cli, "diff", "--config", str(cfg))
     assert (clean.returncode, clean.stdout) == (0, ""), clean.stderr
 
     ingress_file.write_text(ingress_yaml(iid, 2, 8001, authority="cli"))
-    changed = await asyncio.to_thread(cli, "diff", "--config", str(cfg))
+    changed = await asyncio.to_thread(run_cli, "diff", "--config", str(cfg))
     assert changed.returncode == 2
     assert (
         f"~ {space}/worker_cli/http/services/cli_{iid}/loadBalancer/servers/000/url: "
@@ -93,7 +96,7 @@ async def test_diff_shows_pending_change_and_exit_codes(tmp_path: Path, etcd: Em
     ) in changed.stdout
 
     ingress_file.unlink()
-    removed = await asyncio.to_thread(cli, "diff", "--config", str(cfg))
+    removed = await asyncio.to_thread(run_cli, "diff", "--config", str(cfg))
     assert removed.returncode == 2
     assert f"- {space}/worker_cli/http/routers/cli_{iid}/rule (was Host(`{iid}.test`))" in removed.stdout
     async with EtcdClient([etcd.url]) as client:
@@ -102,7 +105,7 @@ async def test_diff_shows_pending_change_and_exit_codes(tmp_path: Path, etcd: Em
 
 def test_diff_exits_1_when_etcd_is_unreachable(tmp_path: Path) -> None:
     cfg, _ = write_config(tmp_path, "http://127.0.0.1:9")
-    out = cli("diff", "--config", str(cfg))
+    out = run_cli("diff", "--config", str(cfg))
     assert out.returncode == 1
     assert "unreachable" in out.stderr and "Traceback" not in out.stderr
 
@@ -114,26 +117,17 @@ async def test_run_dry_run_logs_the_diff_and_writes_nothing(tmp_path: Path, etcd
     from exporter.embedded import free_port
 
     env_listen = f"127.0.0.1:{free_port()}"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "exporter", "run", "--config", str(cfg), "--dry-run"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        env={**__import__("os").environ, "EXPORTER_CONTROL__LISTEN": env_listen, "EXPORTER_LOG__FORMAT": "human",
-             "EXPORTER_API__ENABLED": "false"},
+    proc = start_daemon(
+        cfg, None, "--dry-run", capture=True,
+        env={"EXPORTER_CONTROL__LISTEN": env_listen, "EXPORTER_LOG__FORMAT": "human", "EXPORTER_API__ENABLED": "false"},
     )
     try:
-        import aiohttp
-
         async with aiohttp.ClientSession() as session:
-            async def ready() -> bool:
-                async with session.get(f"http://{env_listen}/readyz") as resp:
-                    return resp.status == 200
-
-            await eventually(ready, timeout=20)
+            await eventually(lambda: is_ready(session, f"http://{env_listen}"), timeout=20)
         async with EtcdClient([etcd.url]) as client:
             assert (await client.range_prefix(space + "/")).kvs == []
     finally:
-        proc.terminate()
-        out, _ = proc.communicate(timeout=20)
+        out = stop_daemon(proc)
     assert proc.returncode == 0, out
     assert "dry-run: would apply" in out
     assert f"+ {space}/worker_cli/http/routers/cli_{iid}/rule" in out
@@ -144,6 +138,6 @@ async def test_run_dry_run_logs_the_diff_and_writes_nothing(tmp_path: Path, etcd
 def test_run_with_an_unreadable_token_file_names_the_field_and_exits_1(tmp_path: Path) -> None:
     cfg = tmp_path / "exporter.yaml"
     cfg.write_text('etcd: {endpoints: ["http://127.0.0.1:9"]}\napi: {token_file: missing-token}\n')
-    out = cli("run", "--config", str(cfg))
+    out = run_cli("run", "--config", str(cfg))
     assert out.returncode == 1
     assert "api.token_file: cannot read" in out.stderr and "Traceback" not in out.stderr

@@ -11,6 +11,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from exporter.daemon import Daemon
+from exporter.embedded import EmbeddedTraefik
 from exporter.etcd.client import EtcdClient
 from tests.conftest import API_TOKEN, ROOT
 from tests.helpers import AUTHORITY, Backend, eventually, get_via, uid
@@ -54,7 +55,7 @@ async def urls_in_etcd(client: EtcdClient, iid: str) -> set[str]:
     return {kv.value for kv in kvs if kv.key.endswith("/url")}
 
 
-async def test_a_dead_backend_is_ejected_in_bounds_and_comes_back(api_daemon, cleanup, backends, etcd_client, traefik, http) -> None:
+async def test_a_dead_backend_is_ejected_in_bounds_and_comes_back(api_daemon: Daemon, cleanup: Any, backends: list[Backend], etcd_client: EtcdClient, traefik: EmbeddedTraefik, http: aiohttp.ClientSession) -> None:
     a, b = await Backend("a").start(), await Backend("b").start()
     backends.extend([a, b])
     iid = uid()
@@ -78,7 +79,7 @@ async def test_a_dead_backend_is_ejected_in_bounds_and_comes_back(api_daemon, cl
 
 
 async def test_initial_delay_grace_no_ejection_and_no_traffic_before_first_success(
-    api_daemon, cleanup, backends, etcd_client, traefik, http
+    api_daemon: Daemon, cleanup: Any, backends: list[Backend], etcd_client: EtcdClient, traefik: EmbeddedTraefik, http: aiohttp.ClientSession
 ) -> None:
     good, late = await Backend("good").start(), await Backend("late").start()
     late.health = 503
@@ -97,7 +98,7 @@ async def test_initial_delay_grace_no_ejection_and_no_traffic_before_first_succe
     await eventually(lambda: _both(answers(http, traefik, f"{iid}.test"), "good", "late"))
 
 
-async def test_all_servers_down_answers_503_not_404(api_daemon, cleanup, backends, traefik, http) -> None:
+async def test_all_servers_down_answers_503_not_404(api_daemon: Daemon, cleanup: Any, backends: list[Backend], traefik: EmbeddedTraefik, http: aiohttp.ClientSession) -> None:
     only = await Backend("only").start()
     backends.append(only)
     iid = uid()
@@ -110,7 +111,7 @@ async def test_all_servers_down_answers_503_not_404(api_daemon, cleanup, backend
     assert router["status"] == "enabled"
 
 
-async def test_ai_proxy_multi_one_instance_down_shifts_its_share(api_daemon, cleanup, backends, etcd_client, traefik, http) -> None:
+async def test_ai_proxy_multi_one_instance_down_shifts_its_share(api_daemon: Daemon, cleanup: Any, backends: list[Backend], etcd_client: EtcdClient, traefik: EmbeddedTraefik, http: aiohttp.ClientSession) -> None:
     x, y = await Backend("x").start(), await Backend("y").start()
     backends.extend([x, y])
     iid = uid()
@@ -135,7 +136,7 @@ async def test_ai_proxy_multi_one_instance_down_shifts_its_share(api_daemon, cle
     assert entries[0]["nodes"][0]["status"] == "unhealthy" and entries[1]["nodes"][0]["status"] == "healthy"
 
 
-async def test_control_api_shapes_codes_html_and_metrics(api_daemon, cleanup, backends, http) -> None:
+async def test_control_api_shapes_codes_html_and_metrics(api_daemon: Daemon, cleanup: Any, backends: list[Backend], http: aiohttp.ClientSession) -> None:
     control = f"http://{api_daemon.settings.control.listen}"
     plain = uid()
     await push(http, api_daemon, ing(plain, {"servers": [{"url": "http://127.0.0.1:9"}]}))
@@ -177,12 +178,12 @@ async def test_control_api_shapes_codes_html_and_metrics(api_daemon, cleanup, ba
 
 
 async def _eq(coro: Any, expected: Any) -> bool:
-    return await coro == expected
+    return bool(await coro == expected)
 
 
 async def _both(coro: Any, first: str = "a", second: str = "b") -> bool:
     seen = await coro
-    return seen[first] > 0 and seen[second] > 0
+    return bool(seen[first] > 0 and seen[second] > 0)
 
 
 async def _only(coro: Any, name: str) -> bool:
@@ -202,14 +203,14 @@ async def _node(http: aiohttp.ClientSession, daemon: Daemon, iid: str, port: int
 
 
 async def _failures_at_least(http: aiohttp.ClientSession, daemon: Daemon, iid: str, port: int, n: int) -> bool:
-    return (await _node(http, daemon, iid, port))["counter"]["http_failure"] >= n
+    return bool((await _node(http, daemon, iid, port))["counter"]["http_failure"] >= n)
 
 
 async def _node_status(http: aiohttp.ClientSession, daemon: Daemon, iid: str, port: int, status: str) -> bool:
-    return (await _node(http, daemon, iid, port))["status"] == status
+    return bool((await _node(http, daemon, iid, port))["status"] == status)
 
 
-async def test_a_third_party_plugin_from_its_entry_point_declares_checkers(api_daemon, cleanup, backends, etcd_client, traefik, http) -> None:
+async def test_a_third_party_plugin_from_its_entry_point_declares_checkers(api_daemon: Daemon, cleanup: Any, backends: list[Backend], etcd_client: EtcdClient, traefik: EmbeddedTraefik, http: aiohttp.ClientSession) -> None:
     # examples/checker-plugin is installed by the test command; its kind is `tcp-connect`.
     assert "tcp-connect" in api_daemon.health.kinds
     up, down = await Backend("up").start(), Backend("down")
@@ -228,7 +229,7 @@ async def test_a_third_party_plugin_from_its_entry_point_declares_checkers(api_d
     await eventually(lambda: _only(answers(http, traefik, f"{iid}.test"), "up"))
 
 
-async def test_an_unknown_upstream_kind_is_refused_with_400(api_daemon, http) -> None:
+async def test_an_unknown_upstream_kind_is_refused_with_400(api_daemon: Daemon, http: aiohttp.ClientSession) -> None:
     headers = {"Authorization": f"Bearer {API_TOKEN}"}
     body = {"ingresses": [ing(uid(), {"kind": "no-such-kind", "servers": [{"url": "http://127.0.0.1:9"}]})]}
     async with http.post(f"http://{api_daemon.settings.api.listen}/v2/ingress/upsert", json=body, headers=headers) as resp:

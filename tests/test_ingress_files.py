@@ -5,8 +5,12 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+import aiohttp
 import pytest
 
+from exporter.embedded import EmbeddedEtcd
+from exporter.etcd.client import EtcdClient
+from exporter.keys import IngressRef
 from exporter.reconcile import Reconciler
 from exporter.sources.files import IngressFiles
 from tests.conftest import ROOT
@@ -16,13 +20,13 @@ pytestmark = pytest.mark.integration
 
 
 
-async def _url_in_etcd(etcd_client, iid: str) -> str | None:  # type: ignore[no-untyped-def]
+async def _url_in_etcd(etcd_client: EtcdClient, iid: str) -> str | None:
     kv = await etcd_client.get(f"{ROOT}/http/services/{AUTHORITY}_{iid}/loadBalancer/servers/000/url")
     return kv.value if kv else None
 
 
 async def test_files_are_applied_hot_reloaded_and_bad_content_keeps_the_last_good(
-    tmp_path: Path, reconciler: Reconciler, etcd_client
+    tmp_path: Path, reconciler: Reconciler, etcd_client: EtcdClient
 ) -> None:
     iid = uid()
     path = tmp_path / "routes.yaml"
@@ -50,13 +54,13 @@ async def test_files_are_applied_hot_reloaded_and_bad_content_keeps_the_last_goo
 
         path.unlink()
         await eventually(lambda: _is(etcd_client, iid, None))
-        assert reconciler.store.get((AUTHORITY, iid)) is None
+        assert reconciler.store.get(IngressRef(AUTHORITY, iid)) is None
     finally:
         stop.set()
         await watcher
 
 
-async def test_a_stale_revision_in_a_file_is_reported_not_applied(tmp_path: Path, reconciler: Reconciler, etcd_client) -> None:
+async def test_a_stale_revision_in_a_file_is_reported_not_applied(tmp_path: Path, reconciler: Reconciler, etcd_client: EtcdClient) -> None:
     iid = uid()
     path = tmp_path / "routes.yaml"
     path.write_text(ingress_yaml(iid, 5, 8001))
@@ -71,7 +75,7 @@ async def test_a_stale_revision_in_a_file_is_reported_not_applied(tmp_path: Path
     assert await _url_in_etcd(etcd_client, iid) is None
 
 
-async def _is(etcd_client, iid: str, expected: str | None) -> bool:  # type: ignore[no-untyped-def]
+async def _is(etcd_client: EtcdClient, iid: str, expected: str | None) -> bool:
     return await _url_in_etcd(etcd_client, iid) == expected
 
 
@@ -80,7 +84,7 @@ async def _has_error(files: IngressFiles, path: Path) -> bool:
 
 
 async def test_a_changed_template_is_applied_to_every_ingress_and_a_broken_one_is_reported(
-    tmp_path: Path, etcd, etcd_client, http
+    tmp_path: Path, etcd: EmbeddedEtcd, etcd_client: EtcdClient, http: aiohttp.ClientSession
 ) -> None:
     from exporter.config import Settings
     from exporter.daemon import Daemon
@@ -109,7 +113,8 @@ async def test_a_changed_template_is_applied_to_every_ingress_and_a_broken_one_i
         await eventually(lambda: _value_is(etcd_client, key, "4242"))
         (templates / "http.json.j2").write_text(original.replace(priority, '"priority": "abc"'))
         await eventually(lambda: _not_ready(http, settings.control.listen, "http.json.j2"))
-        assert (await etcd_client.get(key)).value == "4242"  # type: ignore[union-attr]  # kept, never frozen
+        kv = await etcd_client.get(key)
+        assert kv is not None and kv.value == "4242"  # kept, never frozen
     finally:
         (tmp_path / "routes.yaml").unlink()
         (templates / "http.json.j2").write_text(original)
@@ -118,11 +123,11 @@ async def test_a_changed_template_is_applied_to_every_ingress_and_a_broken_one_i
         await etcd_client.delete_prefix(f"{records}/")
 
 
-async def _value_is(etcd_client, key: str, expected: str | None) -> bool:  # type: ignore[no-untyped-def]
+async def _value_is(etcd_client: EtcdClient, key: str, expected: str | None) -> bool:
     kv = await etcd_client.get(key)
     return (kv.value if kv else None) == expected
 
 
-async def _not_ready(http, listen: str, reason: str) -> bool:  # type: ignore[no-untyped-def]
+async def _not_ready(http: aiohttp.ClientSession, listen: str, reason: str) -> bool:
     async with http.get(f"http://{listen}/readyz") as resp:
         return resp.status == 503 and reason in await resp.text()

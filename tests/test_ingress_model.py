@@ -135,7 +135,8 @@ def test_server_weights_and_bounds() -> None:
 
 def test_canary_weight_is_a_percentage_1_to_99() -> None:
     up = {"servers": [{"url": "http://10.0.0.6:8000"}]}
-    assert build(canary={"weight": 10, "upstream": up}).canary.weight == 10  # type: ignore[union-attr]
+    canary = build(canary={"weight": 10, "upstream": up}).canary
+    assert canary is not None and canary.weight == 10
     for bad in (0, 100, -5):
         assert locs(canary={"weight": bad, "upstream": up}) == ["canary.weight"]
 

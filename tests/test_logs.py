@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import json
-import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import aiohttp
@@ -13,7 +10,7 @@ import pytest
 
 from exporter.embedded import EmbeddedEtcd, free_port
 from exporter.etcd.client import EtcdClient
-from tests.helpers import eventually, uid
+from tests.helpers import eventually, is_ready, run_cli, start_daemon, stop_daemon, uid
 
 pytestmark = pytest.mark.integration
 TOKEN = "log-test-token-d41d8cd98f"
@@ -38,19 +35,14 @@ async def test_json_logs_carry_transactions_and_no_secret(tmp_path: Path, etcd: 
         f'control: {{listen: "{control}"}}\nlog: {{format: json, level: DEBUG}}\n'
     )
     log = tmp_path / "daemon.log"
-    proc = subprocess.Popen([sys.executable, "-m", "exporter", "run", "--config", str(config)], stdout=log.open("wb"), stderr=subprocess.STDOUT)
+    proc = start_daemon(config, log)
     try:
-        async def ready() -> bool:
-            async with http.get(f"http://{control}/readyz") as resp:
-                return resp.status == 200
-
-        await eventually(ready, timeout=30)
+        await eventually(lambda: is_ready(http, f"http://{control}"), timeout=30)
         async with http.get(f"http://{api}/v2/ingress", headers={"Authorization": "Bearer wrong"}) as resp:
             assert resp.status == 401
-        diff = subprocess.run([sys.executable, "-m", "exporter", "diff", "--config", str(config)], capture_output=True, text=True, timeout=60)
+        diff = run_cli("diff", "--config", str(config))
     finally:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(20)
+        stop_daemon(proc)
     text = log.read_text() + diff.stdout + diff.stderr
     for secret in (TOKEN, HEADER_SECRET, "PRIVATE KEY-----\\n"):
         assert secret not in text, secret

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from exporter.etcd.client import Compare
+from exporter.etcd.types import Compare
+from exporter.keys import IngressRef, KeyLayout
 from exporter.plan.format import format_plan
 from exporter.plan.observed import Observed
 from exporter.plan.plan import Change, Plan, UnitPlan, order_changes, plan_ingress
 from exporter.plan.planner import Planner
 from exporter.render.renderer import Renderer
 from exporter.render.root_keys import DefaultCertificate
-from exporter.keys import IngressRef, KeyLayout
 from exporter.store.records import decode_record
 from exporter.write.packing import pack
 from tests.helpers import record

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -12,18 +13,28 @@ import pytest
 import yaml
 
 from exporter.daemon import Daemon, build_reconciler
-from exporter.embedded import free_port
+from exporter.embedded import EmbeddedEtcd, EmbeddedTraefik, free_port
 from exporter.etcd.client import EtcdClient
 from exporter.keys import IngressRef
 from exporter.reconcile import Removal
 from tests.conftest import API_MAX_BODY, API_TOKEN, ROOT, settings_for
-from tests.helpers import AUTHORITY, Backend, eventually, get_via, record, uid
+from tests.helpers import (
+    AUTHORITY,
+    Backend,
+    eventually,
+    record,
+    router_enabled,
+    serves,
+    start_daemon,
+    stop_daemon,
+    uid,
+)
 
 pytestmark = pytest.mark.integration
 OPENAPI = yaml.safe_load((Path(__file__).resolve().parent.parent / "docs" / "openapi.yaml").read_text())
 
 
-def ing(iid: str, revision: int = 1, **fields: Any) -> dict[str, Any]:
+def ing(iid: str, revision: Any = 1, **fields: Any) -> dict[str, Any]:
     body: dict[str, Any] = {
         "authority": AUTHORITY, "id": iid, "revision": revision, "hosts": [f"{iid}.test"],
         "upstream": {"servers": [{"url": "http://127.0.0.1:9"}]},
@@ -33,8 +44,8 @@ def ing(iid: str, revision: int = 1, **fields: Any) -> dict[str, Any]:
 
 
 class Api:
-    def __init__(self, daemon: Daemon, session: aiohttp.ClientSession) -> None:
-        self.base = f"http://{daemon.settings.api.listen}"
+    def __init__(self, listen: str, session: aiohttp.ClientSession) -> None:
+        self.base = f"http://{listen}"
         self.session = session
 
     async def call(
@@ -82,8 +93,8 @@ def _check_openapi(method: str, path: str, status: int, payload: Any) -> None:
 
 
 @pytest.fixture
-async def api(api_daemon: Daemon, http: aiohttp.ClientSession) -> Any:
-    client = Api(api_daemon, http)
+async def api(api_daemon: Daemon, http: aiohttp.ClientSession) -> AsyncIterator[Api]:
+    client = Api(api_daemon.settings.api.listen, http)
     yield client
     stored = await client.stored()
     leftovers = [(i, r) for i, r in stored.items()]
@@ -95,7 +106,7 @@ async def revision(etcd_client: EtcdClient) -> int:
     return await etcd_client.revision()
 
 
-async def test_upsert_204_after_commit_then_idempotent_retry(api, etcd_client, traefik, http, backends) -> None:
+async def test_upsert_204_after_commit_then_idempotent_retry(api: Api, etcd_client: EtcdClient, traefik: EmbeddedTraefik, http: aiohttp.ClientSession, backends: list[Backend]) -> None:
     backends.append(await Backend("pushed").start())
     iid = uid()
     body = ing(iid, upstream={"servers": [{"url": backends[0].url}]})
@@ -103,14 +114,14 @@ async def test_upsert_204_after_commit_then_idempotent_retry(api, etcd_client, t
     # 204 means committed: the keys are in etcd right now.
     kv = await etcd_client.get(f"{ROOT}/http/routers/{AUTHORITY}_{iid}/rule")
     assert kv is not None and kv.value == f"Host(`{iid}.test`)"
-    await eventually(lambda: _serves(http, traefik, f"{iid}.test", "pushed"))
+    await eventually(lambda: serves(http, traefik.url("web"), f"{iid}.test", body="pushed"))
     before = await revision(etcd_client)
     assert await api.upsert(body) == (204, None)
     assert await revision(etcd_client) == before
     assert (await api.stored())[iid] == 1
 
 
-async def test_stale_and_conflicting_revisions_are_409_and_write_nothing(api, etcd_client) -> None:
+async def test_stale_and_conflicting_revisions_are_409_and_write_nothing(api: Api, etcd_client: EtcdClient) -> None:
     iid = uid()
     assert (await api.upsert(ing(iid, revision=5)))[0] == 204
     before = await revision(etcd_client)
@@ -125,7 +136,7 @@ async def test_stale_and_conflicting_revisions_are_409_and_write_nothing(api, et
     assert (await api.upsert(ing(iid, revision=6, path_prefix="/other")))[0] == 204
 
 
-async def test_remove_is_204_and_safe_to_retry_and_unknown_is_a_no_op(api, etcd_client) -> None:
+async def test_remove_is_204_and_safe_to_retry_and_unknown_is_a_no_op(api: Api, etcd_client: EtcdClient) -> None:
     iid = uid()
     assert (await api.upsert(ing(iid, revision=2)))[0] == 204
     assert await api.remove((iid, 2)) == (204, None)
@@ -137,7 +148,7 @@ async def test_remove_is_204_and_safe_to_retry_and_unknown_is_a_no_op(api, etcd_
     assert iid not in await api.stored()
 
 
-async def test_get_lists_every_ingress_and_filters_by_authority(api) -> None:
+async def test_get_lists_every_ingress_and_filters_by_authority(api: Api) -> None:
     ids = sorted(uid() for _ in range(3))
     assert (await api.upsert(*(ing(i, revision=n + 1) for n, i in enumerate(ids))))[0] == 204
     stored = await api.stored()
@@ -147,7 +158,7 @@ async def test_get_lists_every_ingress_and_filters_by_authority(api) -> None:
 
 
 @pytest.mark.parametrize("token", [None, "wrong", "", f"{API_TOKEN}x"])
-async def test_401_without_the_right_token_writes_nothing(api, etcd_client, token: str | None) -> None:
+async def test_401_without_the_right_token_writes_nothing(api: Api, etcd_client: EtcdClient, token: str | None) -> None:
     before = await revision(etcd_client)
     status, body = await api.upsert(ing(uid()), token=token)
     assert status == 401 and body["type"] == "Unauthorized"
@@ -156,19 +167,19 @@ async def test_401_without_the_right_token_writes_nothing(api, etcd_client, toke
     assert await revision(etcd_client) == before
 
 
-async def test_401_comes_before_the_body_is_read(api) -> None:
+async def test_401_comes_before_the_body_is_read(api: Api) -> None:
     status, body = await api.call("POST", "/v2/ingress/upsert", raw=b"x" * (API_MAX_BODY * 4), token="wrong")
     assert status == 401
 
 
-async def test_415_for_a_body_that_is_not_json(api, etcd_client) -> None:
+async def test_415_for_a_body_that_is_not_json(api: Api, etcd_client: EtcdClient) -> None:
     before = await revision(etcd_client)
     status, body = await api.call("POST", "/v2/ingress/upsert", raw=b"ingresses: []", content_type="application/yaml")
     assert status == 415 and body["type"] == "UnsupportedMediaType"
     assert await revision(etcd_client) == before
 
 
-async def test_413_just_over_the_limit_and_accepted_just_under(api, etcd_client) -> None:
+async def test_413_just_over_the_limit_and_accepted_just_under(api: Api, etcd_client: EtcdClient) -> None:
     iid = uid()
     payload = json.dumps({"ingresses": [ing(iid)]}).encode()
     under = payload + b" " * (API_MAX_BODY - len(payload))
@@ -208,7 +219,7 @@ HOSTILE: list[tuple[str, Any]] = [
 
 
 @pytest.mark.parametrize(("case", "body"), HOSTILE, ids=[c for c, _ in HOSTILE])
-async def test_hostile_input_gets_a_clear_400_and_changes_nothing(api, etcd_client, case: str, body: Any) -> None:
+async def test_hostile_input_gets_a_clear_400_and_changes_nothing(api: Api, etcd_client: EtcdClient, case: str, body: Any) -> None:
     before = await revision(etcd_client)
     status, answer = await api.call("POST", "/v2/ingress/upsert", body)
     assert status == 400, (case, answer)
@@ -218,7 +229,7 @@ async def test_hostile_input_gets_a_clear_400_and_changes_nothing(api, etcd_clie
 
 
 @pytest.mark.parametrize("raw", [b"{not json", _deep(100_000), b'{"ingresses": [' + b"1," * 5000 + b"1]}", b"\xff\xfe"])
-async def test_malformed_and_pathological_json_is_400(api, etcd_client, raw: bytes) -> None:
+async def test_malformed_and_pathological_json_is_400(api: Api, etcd_client: EtcdClient, raw: bytes) -> None:
     before = await revision(etcd_client)
     status, answer = await api.call("POST", "/v2/ingress/upsert", raw=raw[:API_MAX_BODY])
     assert status == 400, answer
@@ -236,7 +247,7 @@ async def test_503_when_etcd_is_unreachable_and_nothing_is_written(http: aiohttp
     daemon = Daemon(settings)
     await daemon.start()
     try:
-        api = Api(daemon, http)
+        api = Api(daemon.settings.api.listen, http)
         status, body = await api.upsert(ing(uid()))
         assert status == 503 and body["type"] == "EtcdUnavailable"
         assert (await api.call("GET", "/v2/ingress"))[0] == 503
@@ -247,7 +258,7 @@ async def test_503_when_etcd_is_unreachable_and_nothing_is_written(http: aiohttp
         await daemon.stop()
 
 
-async def test_coordinator_simulation_50_clients_500_ingresses(api, api_daemon, etcd_client, traefik, http) -> None:
+async def test_coordinator_simulation_50_clients_500_ingresses(api: Api, api_daemon: Daemon, etcd_client: EtcdClient, traefik: EmbeddedTraefik, http: aiohttp.ClientSession) -> None:
     ids = [uid("c") for _ in range(500)]
     # revisions 1..4: upsert, upsert, remove (every 5th), upsert again (every 10th)
     final: dict[str, int | None] = {}
@@ -283,17 +294,8 @@ async def test_coordinator_simulation_50_clients_500_ingresses(api, api_daemon, 
             assert rules[name] == f"Host(`{iid}.test`) && PathPrefix(`/r{rev}`)"
     for iid in (ids[1], ids[10], ids[499]):
         rev = final[iid]
-        await eventually(lambda: _served_path(http, traefik, iid, f"/r{rev}/x", 502))  # backend port 9 is closed
-    await eventually(lambda: _served_path(http, traefik, ids[5], "/r2/x", 404))  # removed
-
-
-async def _serves(http, traefik, host: str, body: str) -> bool:  # type: ignore[no-untyped-def]
-    status, text = await get_via(http, traefik.url("web"), host)
-    return status == 200 and text == body
-
-
-async def _served_path(http, traefik, iid: str, path: str, expected: int) -> bool:  # type: ignore[no-untyped-def]
-    return (await get_via(http, traefik.url("web"), f"{iid}.test", path))[0] == expected
+        await eventually(lambda: serves(http, traefik.url("web"), f"{iid}.test", path=f"/r{rev}/x", status=502))  # backend port 9 is closed
+    await eventually(lambda: serves(http, traefik.url("web"), f"{ids[5]}.test", path="/r2/x", status=404))  # removed
 
 
 def test_the_openapi_document_lists_exactly_the_served_routes(api_daemon: Daemon) -> None:
@@ -305,44 +307,30 @@ def test_the_openapi_document_lists_exactly_the_served_routes(api_daemon: Daemon
     assert served - {("head", "/v2/ingress")} == documented
 
 
-async def test_restart_keeps_every_ingress_and_revision(tmp_path: Path, etcd, http) -> None:
-    import os
-    import signal
-    import subprocess
-    import sys
-
+async def test_restart_keeps_every_ingress_and_revision(tmp_path: Path, etcd: EmbeddedEtcd, http: aiohttp.ClientSession) -> None:
     records = uid("restart")
     config = tmp_path / "exporter.yaml"
     config.write_text(f'etcd: {{endpoints: ["{etcd.url}"]}}\nrecords_prefix: "{records}/records"\n')
     listen = f"127.0.0.1:{free_port()}"
-    env = {**os.environ, "EXPORTER_API__TOKEN": API_TOKEN, "EXPORTER_API__LISTEN": listen,
+    env = {"EXPORTER_API__TOKEN": API_TOKEN, "EXPORTER_API__LISTEN": listen,
            "EXPORTER_CONTROL__LISTEN": f"127.0.0.1:{free_port()}", "EXPORTER_LOG__FORMAT": "json"}
-
-    def start() -> subprocess.Popen[bytes]:
-        log = open(tmp_path / "daemon.log", "ab")
-        return subprocess.Popen([sys.executable, "-m", "exporter", "run", "--config", str(config)], env=env, stdout=log, stderr=log)
-
-    class Fake:
-        settings = type("S", (), {"api": type("A", (), {"listen": listen})})
-
-    api = Api(Fake(), http)  # type: ignore[arg-type]
+    log = tmp_path / "daemon.log"
+    api = Api(listen, http)
     ids = [uid() for _ in range(5)]
-    proc = start()
+    proc = start_daemon(config, log, env=env)
     try:
         await eventually(lambda: _api_up(api), timeout=30)
         assert (await api.upsert(*(ing(i, revision=n + 3) for n, i in enumerate(ids))))[0] == 204
-        proc.send_signal(signal.SIGKILL)
+        proc.kill()
         proc.wait(10)
-        proc = start()
+        proc = start_daemon(config, log, env=env)
         await eventually(lambda: _api_up(api), timeout=30)
         stored = await api.stored()
         assert {i: stored[i] for i in ids} == {i: n + 3 for n, i in enumerate(ids)}
         assert (await api.remove(*((i, n + 3) for n, i in enumerate(ids))))[0] == 204
     finally:
-        proc.terminate()
-        proc.wait(20)
-    log = (tmp_path / "daemon.log").read_text()
-    assert API_TOKEN not in log
+        stop_daemon(proc)
+    assert API_TOKEN not in log.read_text()
     async with EtcdClient([etcd.url]) as client:
         await client.delete_prefix(f"{records}/")
 
@@ -352,7 +340,7 @@ async def _api_up(api: Api) -> bool:
     return status == 200
 
 
-async def test_random_valid_ingresses_are_accepted_by_a_real_traefik(api, traefik, http, backends) -> None:
+async def test_random_valid_ingresses_are_accepted_by_a_real_traefik(api: Api, traefik: EmbeddedTraefik, http: aiohttp.ClientSession, backends: list[Backend]) -> None:
     """Property check against Traefik itself: every generated router enabled, the provider not frozen."""
     import warnings
 
@@ -367,24 +355,15 @@ async def test_random_valid_ingresses_are_accepted_by_a_real_traefik(api, traefi
         body["id"] = f"{prefix}-{n}"
     assert (await api.upsert(*batch))[0] == 204
     for body in batch:
-        await eventually(lambda: _router_ok(http, traefik, f"{AUTHORITY}_{body['id']}"), timeout=20)
+        await eventually(lambda: router_enabled(http, traefik.api, f"{AUTHORITY}_{body['id']}"), timeout=20)
     # The provider still applies updates: nothing generated froze it.
     backends.append(await Backend("after-batch").start())
     probe = uid()
     assert (await api.upsert(ing(probe, upstream={"servers": [{"url": backends[0].url}]})))[0] == 204
-    await eventually(lambda: _serves(http, traefik, f"{probe}.test", "after-batch"))
+    await eventually(lambda: serves(http, traefik.url("web"), f"{probe}.test", body="after-batch"))
 
 
-async def _router_ok(http, traefik, name: str) -> bool:  # type: ignore[no-untyped-def]
-    async with http.get(f"{traefik.api}/api/http/routers/{name}@etcd") as resp:
-        if resp.status != 200:
-            return False
-        router = await resp.json()
-        assert not router.get("error"), router
-        return bool(router.get("status") == "enabled")
-
-
-async def test_an_upsert_older_than_a_removal_cannot_resurrect_the_ingress(api, etcd_client) -> None:
+async def test_an_upsert_older_than_a_removal_cannot_resurrect_the_ingress(api: Api, etcd_client: EtcdClient) -> None:
     iid = uid()
     assert (await api.upsert(ing(iid, revision=3)))[0] == 204
     assert (await api.remove((iid, 4)))[0] == 204
@@ -399,7 +378,7 @@ async def test_an_upsert_older_than_a_removal_cannot_resurrect_the_ingress(api, 
     assert (await api.stored())[iid] == 5
 
 
-async def test_tombstones_expire_after_their_ttl(etcd) -> None:
+async def test_tombstones_expire_after_their_ttl(etcd: EmbeddedEtcd) -> None:
     space = uid("ttl")
     async with EtcdClient([etcd.url]) as client:
         settings = settings_for(etcd.url, records_prefix=f"{space}/records", writer={"tombstone_ttl": 0, "coalesce_window": 0.01})

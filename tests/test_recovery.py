@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import aiohttp
@@ -14,11 +12,27 @@ import pytest
 
 from exporter.config import Settings
 from exporter.daemon import build_reconciler
-from exporter.embedded import EmbeddedEtcd, free_port, start_etcd, start_traefik
+from exporter.embedded import (
+    EmbeddedEtcd,
+    EmbeddedTraefik,
+    free_port,
+    start_etcd,
+    start_traefik,
+)
 from exporter.etcd.client import EtcdClient
 from exporter.sources.files import IngressFiles
 from tests.conftest import ROOT
-from tests.helpers import AUTHORITY, Backend, eventually, get_via, uid
+from tests.helpers import (
+    AUTHORITY,
+    Backend,
+    eventually,
+    is_ready,
+    run_cli,
+    serves,
+    start_daemon,
+    stop_daemon,
+    uid,
+)
 from tests.replay import replay
 
 pytestmark = pytest.mark.integration
@@ -35,11 +49,9 @@ def ingress_file(ids: list[str], revision: int, url: str) -> str:
 
 
 def daemon(config: Path, control: str, **env: str) -> subprocess.Popen[bytes]:
-    return subprocess.Popen(
-        [sys.executable, "-m", "exporter", "run", "--config", str(config)],
-        env={**os.environ, "EXPORTER_CONTROL__LISTEN": control, "EXPORTER_LOG__FORMAT": "human",
-             "EXPORTER_API__ENABLED": "false", **env},
-        stdout=subprocess.DEVNULL, stderr=open(config.parent / "daemon.log", "ab"),
+    return start_daemon(
+        config, config.parent / "daemon.log",
+        env={"EXPORTER_CONTROL__LISTEN": control, "EXPORTER_LOG__FORMAT": "human", "EXPORTER_API__ENABLED": "false", **env},
     )
 
 
@@ -48,7 +60,7 @@ async def _count(client: EtcdClient, prefix: str) -> int:
 
 
 async def test_sigkill_mid_sync_then_restart_converges_without_dangling_routers(
-    tmp_path: Path, etcd: EmbeddedEtcd, etcd_client: EtcdClient, traefik, http, backends
+    tmp_path: Path, etcd: EmbeddedEtcd, etcd_client: EtcdClient, traefik: EmbeddedTraefik, http: aiohttp.ClientSession, backends: list[Backend]
 ) -> None:
     backends.append(await Backend("crash").start())
     space = uid("crash")
@@ -77,25 +89,22 @@ async def test_sigkill_mid_sync_then_restart_converges_without_dangling_routers(
         control = f"127.0.0.1:{free_port()}"
         second = daemon(config, control)
         try:
-            await eventually(lambda: _ready(http, control), timeout=60)
+            await eventually(lambda: is_ready(http, f"http://{control}"), timeout=60)
             assert await _count(etcd_client, records) == 2000
-            diff = await asyncio.to_thread(
-                subprocess.run, [sys.executable, "-m", "exporter", "diff", "--config", str(config)],
-                capture_output=True, text=True, timeout=120,
-            )
+            diff = await asyncio.to_thread(run_cli, "diff", "--config", str(config))
             assert diff.returncode == 0, diff.stdout[-2000:] + diff.stderr
             violations, checked = await replay(etcd.url, ROOT, start)
             assert violations == [] and checked > 100
             for iid in (ids[0], ids[999], ids[-1]):
-                await eventually(lambda: _serves(http, traefik.url("web"), f"{iid}.test"), timeout=30)
+                await eventually(lambda: serves(http, traefik.url("web"), f"{iid}.test"), timeout=30)
             # Clean up through the daemon itself: an empty file removes all 2,000.
             (tmp_path / "ingresses" / "a.yaml").write_text("ingresses: []\n")
             (tmp_path / "ingresses" / "b.yaml").unlink()
             routers = f"{ROOT}/http/routers/{AUTHORITY}_{space}"
             await eventually(lambda: _at_most(etcd_client, routers, 0), timeout=60)
         finally:
-            second.terminate()
-            assert second.wait(20) == 0
+            stop_daemon(second)
+            assert second.returncode == 0
     finally:
         if first.poll() is None:
             first.kill()
@@ -103,7 +112,7 @@ async def test_sigkill_mid_sync_then_restart_converges_without_dangling_routers(
     assert await _count(etcd_client, f"{ROOT}/http/routers/{AUTHORITY}_{space}") == 0
 
 
-async def test_etcd_stopped_during_a_burst_every_change_lands(tmp_path: Path, http, backends) -> None:
+async def test_etcd_stopped_during_a_burst_every_change_lands(tmp_path: Path, http: aiohttp.ClientSession, backends: list[Backend]) -> None:
     etcd = start_etcd(tmp_path)
     traefik = start_traefik(tmp_path, etcd.url, ROOT, ["web"])
     old, new = await Backend("old").start(), await Backend("new").start()
@@ -122,7 +131,7 @@ async def test_etcd_stopped_during_a_burst_every_change_lands(tmp_path: Path, ht
             files = IngressFiles([str(path)], rec)
             await files.sync_all()
             follower = asyncio.create_task(files.follow(stop, retry_interval=0.2))
-            await eventually(lambda: _serves(http, traefik.url("web"), f"{ids[0]}.test", "old"))
+            await eventually(lambda: serves(http, traefik.url("web"), f"{ids[0]}.test", body="old"))
 
             etcd.stop()
             path.write_text(ingress_file(ids, 2, new.url) + ingress_file(more, 1, new.url).removeprefix("ingresses:\n"))
@@ -131,7 +140,7 @@ async def test_etcd_stopped_during_a_burst_every_change_lands(tmp_path: Path, ht
             await asyncio.to_thread(etcd.restart)
 
             for iid in (ids[0], ids[-1], more[0], more[-1]):
-                await eventually(lambda: _serves(http, traefik.url("web"), f"{iid}.test", "new"), timeout=30)
+                await eventually(lambda: serves(http, traefik.url("web"), f"{iid}.test", body="new"), timeout=30)
             async with EtcdClient([etcd.url]) as check:
                 kvs = (await check.range_prefix(f"{ROOT}/http/services/")).kvs
             urls = [kv.value for kv in kvs if kv.key.endswith("/url")]
@@ -152,16 +161,6 @@ async def _at_least(client: EtcdClient, prefix: str, n: int) -> bool:
 
 async def _at_most(client: EtcdClient, prefix: str, n: int) -> bool:
     return await _count(client, prefix) <= n
-
-
-async def _ready(http: aiohttp.ClientSession, control: str) -> bool:
-    async with http.get(f"http://{control}/readyz") as resp:
-        return resp.status == 200
-
-
-async def _serves(http: aiohttp.ClientSession, web: str, host: str, body: str | None = None) -> bool:
-    status, text = await get_via(http, web, host)
-    return status == 200 and (body is None or text == body)
 
 
 async def _unwritten(files: IngressFiles, path: Path) -> bool:

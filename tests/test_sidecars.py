@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -17,10 +15,19 @@ import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from exporter.embedded import EmbeddedEtcd, free_port
+from exporter.embedded import EmbeddedEtcd, EmbeddedTraefik, free_port
 from exporter.etcd.client import EtcdClient
 from tests.conftest import ROOT
-from tests.helpers import AUTHORITY, Backend, eventually, get_via, uid
+from tests.helpers import (
+    AUTHORITY,
+    Backend,
+    eventually,
+    is_ready,
+    serves,
+    start_daemon,
+    stop_daemon,
+    uid,
+)
 
 pytestmark = pytest.mark.integration
 TOKEN = "sidecar-test-token"
@@ -56,27 +63,19 @@ async def group(tmp_path: Path, etcd: EmbeddedEtcd, etcd_client: EtcdClient, htt
     sidecars = []
     for n in range(3):
         api, control = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
-        env = {**os.environ, "EXPORTER_API__TOKEN": TOKEN, "EXPORTER_API__LISTEN": api, "EXPORTER_CONTROL__LISTEN": control,
+        env = {"EXPORTER_API__TOKEN": TOKEN, "EXPORTER_API__LISTEN": api, "EXPORTER_CONTROL__LISTEN": control,
                "EXPORTER_LOG__FORMAT": "json"}
-        log = open(tmp_path / f"sidecar{n}.log", "ab")
-        proc = subprocess.Popen([sys.executable, "-m", "exporter", "run", "--config", str(config)], env=env, stdout=log, stderr=log)
+        proc = start_daemon(config, tmp_path / f"sidecar{n}.log", env=env)
         sidecars.append(Sidecar(proc, f"http://{api}", f"http://{control}"))
     group = Group(sidecars, f"{space}/records", f"{space}/records.leader")
     try:
         for sidecar in sidecars:
-            await eventually(lambda: _ready(http, sidecar), timeout=30)
+            await eventually(lambda: is_ready(http, sidecar.control), timeout=30)
         await eventually(lambda: leader_of(etcd_client, group), timeout=10)
         yield group
     finally:
         for sidecar in sidecars:
-            if sidecar.proc.poll() is None:
-                sidecar.proc.send_signal(signal.SIGCONT)
-                sidecar.proc.terminate()
-        for sidecar in sidecars:
-            try:
-                sidecar.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                sidecar.proc.kill()
+            stop_daemon(sidecar.proc)
         await _remove_all(etcd_client, space)
 
 
@@ -89,11 +88,6 @@ async def _remove_all(client: EtcdClient, space: str) -> None:
             await client.delete_prefix(f"{ROOT}/http/{kind}/{AUTHORITY}_{iid}/")
     await client.delete_prefix(f"{space}/")
     await client.delete_prefix(f"{space}/records.")
-
-
-async def _ready(http: aiohttp.ClientSession, sidecar: Sidecar) -> bool:
-    async with http.get(f"{sidecar.control}/readyz") as resp:
-        return resp.status == 200
 
 
 def ing(iid: str, upstream: dict[str, Any], revision: int = 1, health: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -127,7 +121,7 @@ async def committed_txns(http: aiohttp.ClientSession, sidecar: Sidecar) -> float
 
 
 async def test_identical_pushes_to_three_sidecars_cost_what_one_costs(
-    group: Group, etcd_client: EtcdClient, http, traefik, backends
+    group: Group, etcd_client: EtcdClient, http: aiohttp.ClientSession, traefik: EmbeddedTraefik, backends: list[Backend]
 ) -> None:
     backends.append(await Backend("served").start())
     up = {"servers": [{"url": backends[0].url}]}
@@ -144,7 +138,7 @@ async def test_identical_pushes_to_three_sidecars_cost_what_one_costs(
         assert statuses == [204, 204, 204]
     assert await etcd_client.revision() - start == single == 200
     for iid in shared_ids:
-        await eventually(lambda: _served(http, traefik, iid))
+        await eventually(lambda: serves(http, traefik.url("web"), f"{iid}.test", body="served"))
 
 
 async def checked_ingress(http: aiohttp.ClientSession, sidecar: Sidecar, client: EtcdClient, backends: list[Backend]) -> tuple[str, Backend, Backend]:
@@ -159,7 +153,7 @@ async def checked_ingress(http: aiohttp.ClientSession, sidecar: Sidecar, client:
 
 
 async def test_sigkill_the_leader_a_successor_takes_over_and_still_ejects(
-    group: Group, etcd_client: EtcdClient, http, backends
+    group: Group, etcd_client: EtcdClient, http: aiohttp.ClientSession, backends: list[Backend]
 ) -> None:
     iid, a, b = await checked_ingress(http, group.sidecars[0], etcd_client, backends)
     leader = await eventually(lambda: leader_of(etcd_client, group))
@@ -177,7 +171,7 @@ async def test_sigkill_the_leader_a_successor_takes_over_and_still_ejects(
 
 
 async def test_a_paused_leader_commits_nothing_after_losing_its_lease_then_follows(
-    group: Group, etcd_client: EtcdClient, http, backends
+    group: Group, etcd_client: EtcdClient, http: aiohttp.ClientSession, backends: list[Backend]
 ) -> None:
     iid, a, b = await checked_ingress(http, group.sidecars[1], etcd_client, backends)
     old = await eventually(lambda: leader_of(etcd_client, group))
@@ -198,7 +192,7 @@ async def test_a_paused_leader_commits_nothing_after_losing_its_lease_then_follo
     assert await committed_txns(http, old) == before
 
 
-async def test_every_sidecar_reports_the_same_health(group: Group, etcd_client: EtcdClient, http, backends) -> None:
+async def test_every_sidecar_reports_the_same_health(group: Group, etcd_client: EtcdClient, http: aiohttp.ClientSession, backends: list[Backend]) -> None:
     iid, a, b = await checked_ingress(http, group.sidecars[2], etcd_client, backends)
     await eventually(lambda: _agree(http, group, iid, {"healthy"}), timeout=20)
     await b.stop()
@@ -249,7 +243,3 @@ async def _new_leader(client: EtcdClient, group: Group, old: Sidecar) -> Sidecar
 async def _urls_are(client: EtcdClient, iid: str, urls: set[str]) -> bool:
     kvs = (await client.range_prefix(f"{ROOT}/http/services/{AUTHORITY}_{iid}/")).kvs
     return {kv.value for kv in kvs if kv.key.endswith("/url")} == urls
-
-
-async def _served(http: aiohttp.ClientSession, traefik: Any, iid: str) -> bool:
-    return await get_via(http, traefik.url("web"), f"{iid}.test") == (200, "served")

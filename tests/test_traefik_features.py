@@ -16,6 +16,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from exporter.embedded import EmbeddedTraefik
+from tests.conftest import Ingresses
 from tests.helpers import (
     AUTHORITY,
     Backend,
@@ -23,6 +24,8 @@ from tests.helpers import (
     get_via,
     record,
     router_enabled,
+    serves,
+    traefik_object,
     uid,
 )
 
@@ -33,7 +36,7 @@ def name_of(ingress_id: str) -> str:
     return f"{AUTHORITY}_{ingress_id}"
 
 
-async def test_host_rule_routes_only_its_host(ingresses, backends, traefik: EmbeddedTraefik, http) -> None:
+async def test_host_rule_routes_only_its_host(ingresses: Ingresses, backends: list[Backend], traefik: EmbeddedTraefik, http: aiohttp.ClientSession) -> None:
     backends.append(await Backend("hosted").start())
     iid = uid()
     await ingresses.upsert(record(iid, upstream={"servers": [{"url": backends[0].url}]}))
@@ -44,7 +47,7 @@ async def test_host_rule_routes_only_its_host(ingresses, backends, traefik: Embe
     assert status == 404
 
 
-async def test_path_prefix_routes_only_under_it(ingresses, backends, traefik, http) -> None:
+async def test_path_prefix_routes_only_under_it(ingresses: Ingresses, backends: list[Backend], traefik: EmbeddedTraefik, http: aiohttp.ClientSession) -> None:
     backends.append(await Backend("api-v1").start())
     iid = uid()
     await ingresses.upsert(record(iid, path_prefix="/v1", upstream={"servers": [{"url": backends[0].url}]}))
@@ -55,7 +58,7 @@ async def test_path_prefix_routes_only_under_it(ingresses, backends, traefik, ht
     await router_enabled(http, traefik.api, name_of(iid))
 
 
-async def test_several_servers_all_receive_traffic(ingresses, backends, traefik, http) -> None:
+async def test_several_servers_all_receive_traffic(ingresses: Ingresses, backends: list[Backend], traefik: EmbeddedTraefik, http: aiohttp.ClientSession) -> None:
     for n in range(3):
         backends.append(await Backend(f"s{n}").start())
     iid = uid()
@@ -66,7 +69,7 @@ async def test_several_servers_all_receive_traffic(ingresses, backends, traefik,
     assert set(seen) == {"s0", "s1", "s2"}, seen
 
 
-async def test_twelve_servers_keep_their_order_and_all_serve(ingresses, backends, traefik, http) -> None:
+async def test_twelve_servers_keep_their_order_and_all_serve(ingresses: Ingresses, backends: list[Backend], traefik: EmbeddedTraefik, http: aiohttp.ClientSession) -> None:
     # More than 10 servers: indices must be zero-padded or Traefik sorts 10 before 2.
     for n in range(12):
         backends.append(await Backend(f"s{n}").start())
@@ -74,14 +77,15 @@ async def test_twelve_servers_keep_their_order_and_all_serve(ingresses, backends
     await ingresses.upsert(record(iid, upstream={"servers": [{"url": b.url} for b in backends]}))
     web = traefik.url("web")
     await eventually(lambda: _answers(http, web, f"{iid}.test", "/", None))
-    service = await _service(http, traefik, name_of(iid))
+    service = await traefik_object(http, traefik.api, "http/services", name_of(iid))
+    assert service is not None
     urls = [s["url"] for s in service["loadBalancer"]["servers"]]
     assert urls == [b.url for b in backends]
     seen = Counter([(await get_via(http, web, f"{iid}.test"))[1] for _ in range(48)])
     assert len(seen) == 12, seen
 
 
-async def test_canary_split_within_tolerance(ingresses, backends, traefik, http) -> None:
+async def test_canary_split_within_tolerance(ingresses: Ingresses, backends: list[Backend], traefik: EmbeddedTraefik, http: aiohttp.ClientSession) -> None:
     main, canary = await Backend("main").start(), await Backend("canary").start()
     backends.extend([main, canary])
     iid = uid()
@@ -97,7 +101,7 @@ async def test_canary_split_within_tolerance(ingresses, backends, traefik, http)
     assert answers["main"] + answers["canary"] == 200
 
 
-async def test_ip_allow_list_answers_403_outside_the_range(ingresses, backends, traefik, http) -> None:
+async def test_ip_allow_list_answers_403_outside_the_range(ingresses: Ingresses, backends: list[Backend], traefik: EmbeddedTraefik, http: aiohttp.ClientSession) -> None:
     backends.append(await Backend("guarded").start())
     denied, allowed = uid(), uid()
     await ingresses.upsert(
@@ -105,12 +109,12 @@ async def test_ip_allow_list_answers_403_outside_the_range(ingresses, backends, 
         record(allowed, allowed_client_ips=["127.0.0.0/8", "10.0.0.0/8"], upstream={"servers": [{"url": backends[0].url}]}),
     )
     web = traefik.url("web")
-    await eventually(lambda: _status(http, web, f"{denied}.test", 403))
+    await eventually(lambda: serves(http, web, f"{denied}.test", status=403))
     await eventually(lambda: _answers(http, web, f"{allowed}.test", "/", "guarded"))
     await router_enabled(http, traefik.api, name_of(denied))
 
 
-async def test_tcp_route(ingresses, traefik, http) -> None:
+async def test_tcp_route(ingresses: Ingresses, traefik: EmbeddedTraefik, http: aiohttp.ClientSession) -> None:
     server = await asyncio.start_server(_echo, "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
     iid = uid()
@@ -133,7 +137,7 @@ async def test_tcp_route(ingresses, traefik, http) -> None:
         server.close()
 
 
-async def test_upstream_tls_verified_with_the_test_ca(ingresses, backends, traefik, http, tmp_path: Path) -> None:
+async def test_upstream_tls_verified_with_the_test_ca(ingresses: Ingresses, backends: list[Backend], traefik: EmbeddedTraefik, http: aiohttp.ClientSession, tmp_path: Path) -> None:
     ca_pem, context = _tls_backend_context(tmp_path, "model.internal")
     backend = await Backend("tls-backend", ssl_context=context).start()
     backends.append(backend)
@@ -147,21 +151,12 @@ async def test_upstream_tls_verified_with_the_test_ca(ingresses, backends, traef
     assert await eventually(lambda: _answers(http, web, f"{good}.test", "/", "tls-backend"))
     await router_enabled(http, traefik.api, name_of(good))
     # The CA is really checked: a name the certificate does not carry fails the handshake.
-    assert await eventually(lambda: _status(http, web, f"{wrong_name}.test", 500))
+    assert await eventually(lambda: serves(http, web, f"{wrong_name}.test", status=500))
 
 
 async def _answers(http: aiohttp.ClientSession, web: str, host: str, path: str, body: str | None) -> bool:
     status, text = await get_via(http, web, host, path)
     return status == 200 and (body is None or text == body)
-
-
-async def _status(http: aiohttp.ClientSession, web: str, host: str, expected: int) -> bool:
-    return (await get_via(http, web, host))[0] == expected
-
-
-async def _service(http: aiohttp.ClientSession, traefik: EmbeddedTraefik, name: str) -> dict:  # type: ignore[type-arg]
-    async with http.get(f"{traefik.api}/api/http/services/{name}@etcd") as resp:
-        return await resp.json()  # type: ignore[no-any-return]
 
 
 async def _echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

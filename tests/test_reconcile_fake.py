@@ -1,0 +1,257 @@
+"""The reconciler's decisions on the in-memory etcd: answers, conflicts, peers, followers, deferred events, outages.
+
+Fast and deterministic; the same behaviours are proven end to end on a real etcd and Traefik
+in test_writer_invariants.py, test_recovery.py and test_sidecars.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+
+import pytest
+
+from exporter.errors import EtcdUnavailable, StaleRevisionError, TemplateError
+from exporter.etcd.types import Compare, Op
+from exporter.ingress import Ingress
+from exporter.keys import IngressRef, KeyLayout
+from exporter.plan.planner import Planner
+from exporter.reconcile import Cadence, Reconciler, Removal
+from exporter.render.renderer import BUILTIN_TEMPLATES, Renderer
+from exporter.render.root_keys import DefaultCertificate
+from exporter.roles import Ejections
+from exporter.sources.api import status_of
+from tests.fake_etcd import FakeEtcd
+from tests.helpers import AUTHORITY, eventually, record, uid
+
+LAYOUT = KeyLayout("traefik/worker_{authority}", "records")
+ROOT = LAYOUT.root(AUTHORITY)
+CERT = DefaultCertificate("CERT", "KEY", generated=True)
+UP = {"servers": [{"url": "http://10.0.0.5:8000"}]}
+FENCE = Compare("records.leader", "EQUAL", 7, target="CREATE")
+
+
+class Leader:
+    """A leader policy the test switches."""
+
+    def __init__(self, leading: bool = True) -> None:
+        self.leading = leading
+
+    def is_leader(self) -> bool:
+        return self.leading
+
+    def fence(self) -> Sequence[Compare]:
+        return [FENCE] if self.leading else []
+
+
+@contextlib.asynccontextmanager
+async def running(
+    etcd: FakeEtcd, *, leader: Leader | None = None, ejections: Ejections | None = None, renderer: Renderer | None = None
+) -> AsyncIterator[Reconciler]:
+    planner = Planner(renderer or Renderer(LAYOUT, ["web"]), LAYOUT, CERT)
+    rec = Reconciler(
+        etcd=etcd, layout=LAYOUT, planner=planner, leader=leader, ejections=ejections,
+        cadence=Cadence(coalesce_window=0.0, reconcile_interval=3600),
+    )
+    await rec.start()
+    await rec.wait_synced(5)
+    try:
+        yield rec
+    finally:
+        await rec.stop()
+
+
+@pytest.fixture
+async def etcd() -> FakeEtcd:
+    fake = FakeEtcd()
+    # The election key the leader's fence compares (create_revision 7 is forced below).
+    await fake.put("records.leader", "me")
+    fake._kv["records.leader"].create_revision = 7
+    return fake
+
+
+def rule_key(iid: str) -> str:
+    return f"{ROOT}/http/routers/{AUTHORITY}_{iid}/rule"
+
+
+async def test_a_request_is_answered_once_committed_and_a_retry_writes_nothing(etcd: FakeEtcd) -> None:
+    iid = uid()
+    async with running(etcd, leader=Leader()) as rec:
+        await rec.submit([record(iid, upstream=UP)])
+        assert etcd.value(rule_key(iid)) == f"Host(`{iid}.test`)"
+        assert etcd.value(LAYOUT.record_key(IngressRef(AUTHORITY, iid))) is not None
+        stored = rec.store.get(IngressRef(AUTHORITY, iid))
+        assert stored is not None and stored.revision == 1
+        # Requests are guarded by their record compare, never by the leader fence.
+        compares, _ops, ok = etcd.txns[-1]
+        assert ok and FENCE not in compares
+        revision = etcd.revision
+        await rec.submit([record(iid, upstream=UP)])
+        assert etcd.revision == revision
+
+
+async def test_removal_leaves_a_tombstone_that_refuses_older_upserts(etcd: FakeEtcd) -> None:
+    iid = uid()
+    async with running(etcd) as rec:
+        await rec.submit([record(iid, upstream=UP)])
+        await rec.submit([], [Removal(IngressRef(AUTHORITY, iid), 2)])
+        assert etcd.value(rule_key(iid)) is None
+        with pytest.raises(StaleRevisionError) as info:
+            await rec.submit([record(iid, revision=2, upstream=UP)])
+        assert info.value.data["stored_revision"] == 2
+
+
+async def test_a_foreign_edit_between_plan_and_commit_fails_the_txn_and_the_request_is_replanned(etcd: FakeEtcd) -> None:
+    iid = uid()
+    async with running(etcd) as rec:
+        await rec.submit([record(iid, upstream=UP)])
+
+        async def hijack(_c: Sequence[Compare], _o: Sequence[Op]) -> None:
+            await etcd.put(rule_key(iid), "Host(`hijacked.test`)")
+
+        etcd.before_txn = hijack
+        before = len(etcd.txns)
+        await rec.submit([record(iid, revision=2, upstream=UP, path_prefix="/v2")])
+        assert [ok for _c, _o, ok in etcd.txns[before:]] == [False, True]
+        assert etcd.value(rule_key(iid)) == f"Host(`{iid}.test`) && PathPrefix(`/v2`)"
+
+
+async def test_a_newer_record_a_peer_committed_makes_the_request_stale_and_is_adopted(etcd: FakeEtcd) -> None:
+    iid = uid()
+    async with running(etcd) as rec, running(etcd) as peer:
+        await rec.submit([record(iid, upstream=UP)])
+        newer = record(iid, revision=3, upstream={"servers": [{"url": "http://10.0.0.9:8000"}]})
+
+        async def peer_first(_c: Sequence[Compare], _o: Sequence[Op]) -> None:
+            await peer.submit([newer])
+
+        etcd.before_txn = peer_first
+        with pytest.raises(StaleRevisionError) as info:
+            await rec.submit([record(iid, revision=2, upstream=UP)])
+        assert info.value.data == {"authority": AUTHORITY, "id": iid, "stored_revision": 3}
+        stored = rec.store.get(IngressRef(AUTHORITY, iid))
+        assert stored is not None and stored.revision == 3
+        assert etcd.value(f"{ROOT}/http/services/{AUTHORITY}_{iid}/loadBalancer/servers/000/url") == "http://10.0.0.9:8000"
+
+
+async def test_the_same_record_committed_by_a_peer_answers_the_request_without_a_second_write(etcd: FakeEtcd) -> None:
+    iid = uid()
+    wanted = record(iid, revision=2, upstream=UP)
+    async with running(etcd) as rec, running(etcd) as peer:
+        await rec.submit([record(iid, upstream=UP)])
+
+        async def peer_first(_c: Sequence[Compare], _o: Sequence[Op]) -> None:
+            await peer.submit([wanted])
+
+        etcd.before_txn = peer_first
+        before = len(etcd.txns)
+        await rec.submit([wanted])
+        # The peer's commit and our failed attempt; nothing after it.
+        assert [ok for _c, _o, ok in etcd.txns[before:]] == [True, False]
+
+
+async def test_a_follower_writes_requests_but_never_repairs_drift(etcd: FakeEtcd) -> None:
+    iid = uid()
+    follower_role = Leader(leading=False)
+    async with running(etcd, leader=follower_role) as follower:
+        await follower.submit([record(iid, upstream=UP)])
+        assert etcd.value(rule_key(iid)) == f"Host(`{iid}.test`)"
+        await etcd.put(rule_key(iid), "Host(`edited.test`)")
+        follower.request_full()
+        passes = follower.status.full_passes
+        await eventually(lambda: _passed(follower, passes))
+        assert etcd.value(rule_key(iid)) == "Host(`edited.test`)"
+        # Leadership gained: the drift is repaired, fenced by the election key.
+        follower_role.leading = True
+        follower.request_full()
+        await eventually(lambda: _value_is(etcd, rule_key(iid), f"Host(`{iid}.test`)"))
+        compares, _ops, ok = etcd.txns[-1]
+        assert ok and FENCE in compares
+
+
+async def test_a_deposed_leaders_fenced_repair_commits_nothing(etcd: FakeEtcd) -> None:
+    iid = uid()
+    async with running(etcd, leader=Leader()) as rec:
+        await rec.submit([record(iid, upstream=UP)])
+        # A successor re-created the election key: our fence no longer holds.
+        await etcd.delete("records.leader")
+        await etcd.put("records.leader", "successor")
+        await etcd.put(rule_key(iid), "Host(`edited.test`)")
+        await eventually(lambda: _failed_fenced_txn(etcd))
+        assert etcd.value(rule_key(iid)) == "Host(`edited.test`)"
+
+
+async def test_events_during_our_own_transactions_are_deferred_ours_ignored_and_others_repaired(etcd: FakeEtcd) -> None:
+    iid, other = uid(), uid()
+    async with running(etcd, leader=Leader()) as rec:
+        await rec.submit([record(other, upstream=UP)])
+
+        async def edit_while_we_write(_c: Sequence[Compare], _o: Sequence[Op]) -> None:
+            await etcd.put(rule_key(other), "Host(`edited.test`)")
+            for _ in range(5):
+                await asyncio.sleep(0)  # the watch sees the edit while our transaction is in flight
+
+        etcd.before_txn = edit_while_we_write
+        await rec.submit([record(iid, upstream=UP)])
+        await eventually(lambda: _value_is(etcd, rule_key(other), f"Host(`{other}.test`)"))
+        # Our own writes were never taken for drift: only the edited ingress was repaired.
+        repaired = [ops for c, ops, ok in etcd.txns if ok and FENCE in c]
+        assert len(repaired) == 1 and {op.key for op in repaired[0]} == {rule_key(other)}
+
+
+async def test_etcd_down_answers_503_and_writes_resume_after_it_returns(etcd: FakeEtcd) -> None:
+    iid = uid()
+    async with running(etcd) as rec:
+        await etcd.set_down(True)
+        with pytest.raises(EtcdUnavailable):
+            await rec.submit([record(iid, upstream=UP)])
+        assert not rec.status.etcd_ok
+        assert status_of(EtcdUnavailable("x")) == 503
+        await etcd.set_down(False)
+        await eventually(lambda: _etcd_ok(rec))
+        await rec.submit([record(iid, upstream=UP)])
+        assert etcd.value(rule_key(iid)) == f"Host(`{iid}.test`)"
+
+
+class _EjectAllOnSecondLook:
+    """Ejects nothing when a request is admitted, every server when it is planned."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def ejected(self, ref: IngressRef, ingress: Ingress) -> frozenset[str]:
+        self.calls += 1
+        return frozenset() if self.calls == 1 else frozenset({"http://10.0.0.5:8000"})
+
+
+async def test_a_render_that_fails_at_plan_time_answers_template_error_400_and_writes_nothing(
+    etcd: FakeEtcd, tmp_path: Path
+) -> None:
+    # A template that cannot render a load balancer without servers.
+    builtin = (BUILTIN_TEMPLATES / "http.json.j2").read_text()
+    (tmp_path / "http.json.j2").write_text("{% if not primary.servers %}not json{% endif %}" + builtin)
+    iid = uid()
+    async with running(etcd, ejections=_EjectAllOnSecondLook(), renderer=Renderer(LAYOUT, ["web"], tmp_path)) as rec:
+        with pytest.raises(TemplateError) as info:
+            await rec.submit([record(iid, upstream=UP)])
+        assert status_of(info.value) == 400
+        assert etcd.keys(f"{ROOT}/http/") == {} and etcd.keys(LAYOUT.records_dir) == {}
+        assert IngressRef(AUTHORITY, iid) in rec.render_errors
+
+
+async def _passed(rec: Reconciler, passes: int) -> bool:
+    return rec.status.full_passes > passes
+
+
+async def _value_is(etcd: FakeEtcd, key: str, value: str) -> bool:
+    return etcd.value(key) == value
+
+
+async def _failed_fenced_txn(etcd: FakeEtcd) -> bool:
+    return any(not ok and FENCE in c for c, _o, ok in etcd.txns)
+
+
+async def _etcd_ok(rec: Reconciler) -> bool:
+    return rec.status.etcd_ok
