@@ -69,7 +69,6 @@ class Committer:
         self._desired = desired
         self._dry_run = dry_run
         self._last_dry_run = ""
-        self.last_revision = 0
 
     async def commit(self, batch: Batch) -> Outcome:
         """Write `batch`, re-planning what lost a compare; requests come first, then (leader only) the dirty."""
@@ -192,7 +191,6 @@ class Committer:
         result, *more = await asyncio.gather(*applies)
         for other in more:
             result.merge(other)
-        self.last_revision = max(self.last_revision, result.revision)
         return result
 
     def _record(

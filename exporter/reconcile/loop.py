@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from loguru import logger
 
-from ..errors import EtcdError, EtcdUnavailable
+from ..errors import EtcdError, EtcdUnavailable, ExporterError
 from ..roles import LeaderPolicy
 from ..write import metrics
 from .commit import Batch, Committer
@@ -35,7 +35,6 @@ class Status:
     synced: bool = False
     last_error: str | None = None
     foreign_keys: int = 0
-    last_revision: int = 0
     full_passes: int = 0
 
 
@@ -97,6 +96,13 @@ class Loop:
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, _BACKOFF_MAX)
                 next_full = time.monotonic()  # retry now: re-list and reconcile everything
+            except Exception:  # noqa: BLE001 - a bug must not silently stop every write
+                logger.exception("reconcile loop failed; re-listing and retrying in {:.1f}s", backoff)
+                self._intents.fail_queue(ExporterError("internal error; see the exporter log"))
+                self._inbox.relist_requested = True
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, _BACKOFF_MAX)
+                next_full = time.monotonic()
 
     async def _gather_burst(self) -> None:
         # Gather the rest of a burst so it shares transactions (and one Traefik reload), for at
@@ -138,10 +144,9 @@ class Loop:
 
     async def _relist(self) -> None:
         recovering = self._status.synced and not self._status.etcd_ok
-        revision = await self._mirror.relist()
+        await self._mirror.relist()
         self._inbox.relist_requested = False
         self._status.etcd_ok = True
-        self._status.last_revision = revision
         if recovering:
             logger.info("etcd reachable again: re-listed, restarting watches")
             self._mirror.start_watches()
@@ -158,7 +163,6 @@ class Loop:
             if plan.foreign and len(plan.foreign) != self._status.foreign_keys:
                 logger.warning("{} foreign keys under managed roots (left alone), e.g. {}", len(plan.foreign), plan.foreign[0])
             self._status.foreign_keys = len(plan.foreign)
-            self._status.last_revision = max(self._status.last_revision, self._committer.last_revision)
             metrics.RECONCILE_SECONDS.observe(time.monotonic() - started)
         self._status.full_passes += 1
         if not self._status.synced:
@@ -177,7 +181,6 @@ class Loop:
             raise
         self._intents.resolve(intents, outcome)
         self._inbox.redo(outcome.redo)
-        self._status.last_revision = max(self._status.last_revision, self._committer.last_revision)
         self._last_batch = time.monotonic()
         if outcome.error is not None:
             raise outcome.error

@@ -150,27 +150,33 @@ class Renderer:
                 f"template {template_name} failed for {ingress.authority}/{ingress.id}: {exc}",
                 {"template": template_name},
             ) from None
-        try:
-            fragment = Fragment.model_validate_json(text)
-        except ValidationError as exc:
-            if any(e["type"] == "json_invalid" for e in exc.errors()):
-                raise TemplateError(
-                    f"template {template_name} rendered invalid JSON for {ingress.authority}/{ingress.id}",
-                    {"template": template_name},
-                ) from None
-            raise TemplateError(
-                f"template {template_name} rendered invalid Traefik config for {ingress.authority}/{ingress.id}",
-                {"template": template_name, "errors": field_errors(exc)},
-            ) from None
-        data = fragment.model_dump(exclude_none=True)
+        data = _validated(text, template_name, name, ingress)
         objects = [f"{proto}/{kind}/{obj}" for proto, section in data.items() for kind, objs in section.items() for obj in objs]
-        for path in objects:
-            obj = path.rsplit("/", 1)[1]
-            if obj != name and not obj.startswith(name + "_"):
-                raise TemplateError(
-                    f"template {template_name} rendered object {path!r}, which is not named {name} or {name}_*",
-                    {"template": template_name},
-                )
         root = self._layout.root(ingress.authority)
         return RenderedIngress(root=root, objects=tuple(objects), kv=flatten(data, root))
 
+
+def _validated(text: str, template_name: str, name: str, ingress: Ingress) -> dict[str, Any]:
+    """The rendered fragment checked against Traefik's schema, every object named `name` or `name_*`."""
+    try:
+        fragment = Fragment.model_validate_json(text)
+    except ValidationError as exc:
+        if any(e["type"] == "json_invalid" for e in exc.errors()):
+            raise TemplateError(
+                f"template {template_name} rendered invalid JSON for {ingress.authority}/{ingress.id}",
+                {"template": template_name},
+            ) from None
+        raise TemplateError(
+            f"template {template_name} rendered invalid Traefik config for {ingress.authority}/{ingress.id}",
+            {"template": template_name, "errors": field_errors(exc)},
+        ) from None
+    data: dict[str, Any] = fragment.model_dump(exclude_none=True)
+    for section in data.values():
+        for kind, objs in section.items():
+            for obj in objs:
+                if obj != name and not obj.startswith(name + "_"):
+                    raise TemplateError(
+                        f"template {template_name} rendered object {kind}/{obj!r}, which is not named {name} or {name}_*",
+                        {"template": template_name},
+                    )
+    return data

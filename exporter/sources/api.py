@@ -12,7 +12,7 @@ import hmac
 import ipaddress
 import json
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any, Protocol
+from typing import Protocol, TypeVar
 
 from aiohttp import web
 from loguru import logger
@@ -38,6 +38,7 @@ from ..store.records import Record, RecordStore
 
 REQUESTS = Counter("exporter_api_requests_total", "push API requests by route and status", ["route", "status"])
 _Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+M = TypeVar("M", bound=BaseModel)
 
 # The one place errors become HTTP statuses (docs/api.md); the most specific class wins.
 HTTP_STATUS: dict[type[ExporterError], int] = {
@@ -87,31 +88,56 @@ def error_response(error: ExporterError) -> web.Response:
     return web.json_response(error.to_json(), status=status_of(error))
 
 
-def push_api_app(
-    reconciler: IngressSink, *, token: str | None, max_body_bytes: int, ready: Callable[[], bool] = lambda: True
-) -> web.Application:
-    """The aiohttp application of the push API. `token` None means unauthenticated (loopback only)."""
-    expected = token.encode() if token is not None else None
+async def read_body(request: web.Request, model: type[M], max_body_bytes: int) -> M:
+    """The request's JSON body validated as `model`; every failure is a ValidationFailed naming the fields."""
+    if request.content_type != "application/json":
+        raise UnsupportedMediaType("the body must be JSON (Content-Type: application/json)")
+    if request.content_length is not None and request.content_length > max_body_bytes:
+        raise BodyTooLarge(f"request body is larger than {max_body_bytes} bytes")
+    raw = await request.read()
+    try:
+        data = json.loads(raw)
+    except (ValueError, RecursionError):
+        raise ValidationFailed("the body is not valid JSON", {"errors": [{"loc": "", "msg": "invalid JSON"}]}) from None
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        errors = field_errors(exc)
+        raise ValidationFailed(f"{len(errors)} invalid field(s) in the request", {"errors": errors}) from None
+    except RecursionError:
+        raise ValidationFailed("the body is nested too deeply", {"errors": [{"loc": "", "msg": "too deep"}]}) from None
+
+
+class PushApi:
+    """The handlers of the push API over one sink; `token` None means unauthenticated (loopback only)."""
+
+    def __init__(self, sink: IngressSink, *, token: str | None, max_body_bytes: int, ready: Callable[[], bool]) -> None:
+        self._sink = sink
+        self._expected = token.encode() if token is not None else None
+        self._max_body_bytes = max_body_bytes
+        self._ready = ready
+
+    def app(self) -> web.Application:
+        """The aiohttp application."""
+        app = web.Application(middlewares=[self._guard], client_max_size=self._max_body_bytes)
+        app.router.add_post("/v2/ingress/upsert", self.upsert)
+        app.router.add_post("/v2/ingress/remove", self.remove)
+        app.router.add_get("/v2/ingress", self.list_ingresses)
+        return app
 
     @web.middleware
-    async def guard(request: web.Request, handler: _Handler) -> web.StreamResponse:
+    async def _guard(self, request: web.Request, handler: _Handler) -> web.StreamResponse:
         route = request.match_info.route.resource.canonical if request.match_info.route.resource else "unknown"
         try:
-            if expected is not None:
-                header = request.headers.get("Authorization", "")
-                scheme, _, given = header.partition(" ")
-                if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), expected):
-                    raise Unauthorized("missing or wrong bearer token")
+            self._authenticate(request)
             response = await handler(request)
         except ExporterError as exc:
             response = error_response(exc)
         except web.HTTPException as exc:
             if exc.status == 413:
-                response = error_response(BodyTooLarge(f"request body is larger than {max_body_bytes} bytes"))
+                response = error_response(BodyTooLarge(f"request body is larger than {self._max_body_bytes} bytes"))
             else:
-                response = web.json_response(
-                    {"type": type(exc).__name__, "title": exc.reason, "data": {}}, status=exc.status
-                )
+                response = web.json_response({"type": type(exc).__name__, "title": exc.reason, "data": {}}, status=exc.status)
         except Exception:  # noqa: BLE001 - never a stack trace in a body
             logger.exception("push API {} {} failed", request.method, request.path)
             response = web.json_response(
@@ -120,48 +146,41 @@ def push_api_app(
         REQUESTS.labels(route, str(response.status)).inc()
         return response
 
-    async def read_json(request: web.Request, model: type[BaseModel]) -> Any:
-        if request.content_type != "application/json":
-            raise UnsupportedMediaType("the body must be JSON (Content-Type: application/json)")
-        if request.content_length is not None and request.content_length > max_body_bytes:
-            raise BodyTooLarge(f"request body is larger than {max_body_bytes} bytes")
-        raw = await request.read()
-        try:
-            data = json.loads(raw)
-        except (ValueError, RecursionError):
-            raise ValidationFailed("the body is not valid JSON", {"errors": [{"loc": "", "msg": "invalid JSON"}]}) from None
-        try:
-            return model.model_validate(data)
-        except ValidationError as exc:
-            errors = field_errors(exc)
-            raise ValidationFailed(f"{len(errors)} invalid field(s) in the request", {"errors": errors}) from None
-        except RecursionError:
-            raise ValidationFailed("the body is nested too deeply", {"errors": [{"loc": "", "msg": "too deep"}]}) from None
+    def _authenticate(self, request: web.Request) -> None:
+        # Before anything else of the request is read.
+        if self._expected is None:
+            return
+        scheme, _, given = request.headers.get("Authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), self._expected):
+            raise Unauthorized("missing or wrong bearer token")
 
-    def check_ready() -> None:
-        if not ready():
+    def _check_ready(self) -> None:
+        if not self._ready():
             raise EtcdUnavailable("etcd is unreachable or not synced yet; nothing was written")
 
-    async def upsert(request: web.Request) -> web.Response:
-        body: IngressFile = await read_json(request, IngressFile)
-        check_ready()
-        await reconciler.submit([Record.of(ingress) for ingress in body.ingresses])
+    async def upsert(self, request: web.Request) -> web.Response:
+        """`POST /v2/ingress/upsert`: 204 once every ingress of the body is committed."""
+        body = await read_body(request, IngressFile, self._max_body_bytes)
+        self._check_ready()
+        await self._sink.submit([Record.of(ingress) for ingress in body.ingresses])
         return web.Response(status=204)
 
-    async def remove(request: web.Request) -> web.Response:
-        body: RemoveRequest = await read_json(request, RemoveRequest)
-        check_ready()
-        await reconciler.submit([], [Removal(IngressRef(r.authority, r.id), r.revision) for r in body.ingresses])
+    async def remove(self, request: web.Request) -> web.Response:
+        """`POST /v2/ingress/remove`: 204 once every removal is committed (unknown ingresses are no-ops)."""
+        body = await read_body(request, RemoveRequest, self._max_body_bytes)
+        self._check_ready()
+        await self._sink.submit([], [Removal(IngressRef(r.authority, r.id), r.revision) for r in body.ingresses])
         return web.Response(status=204)
 
-    async def list_ingresses(request: web.Request) -> web.Response:
-        check_ready()
-        authority = request.query.get("authority")
-        records = reconciler.store.by_authority(authority)
+    async def list_ingresses(self, request: web.Request) -> web.Response:
+        """`GET /v2/ingress[?authority=]`: every stored ingress with its revision."""
+        self._check_ready()
+        records = self._sink.store.by_authority(request.query.get("authority"))
         return web.json_response({"ingresses": [r.ingress.model_dump(mode="json") for r in records]})
 
-    app = web.Application(middlewares=[guard], client_max_size=max_body_bytes)
-    app.router.add_post("/v2/ingress/upsert", upsert)
-    app.router.add_post("/v2/ingress/remove", remove)
-    app.router.add_get("/v2/ingress", list_ingresses)
-    return app
+
+def push_api_app(
+    sink: IngressSink, *, token: str | None, max_body_bytes: int, ready: Callable[[], bool] = lambda: True
+) -> web.Application:
+    """The aiohttp application of the push API. `token` None means unauthenticated (loopback only)."""
+    return PushApi(sink, token=token, max_body_bytes=max_body_bytes, ready=ready).app()

@@ -27,8 +27,6 @@ class Txn:
     changes: list[Change] = field(default_factory=list)
     compares: list[Compare] = field(default_factory=list)
     bytes: int = _TXN_OVERHEAD
-    # For a chunk of a split unit: its position and the count of chunks.
-    chunk: tuple[int, int] | None = None
 
     def ops(self) -> list[Op]:
         """The etcd operations of this transaction."""
@@ -92,6 +90,4 @@ def _split(unit: UnitPlan, max_ops: int, max_bytes: int) -> list[Txn]:
         current.changes.append(change)
         current.bytes += size
     chunks.append(current)
-    for index, chunk in enumerate(chunks):
-        chunk.chunk = (index, len(chunks))
     return chunks

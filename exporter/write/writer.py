@@ -32,7 +32,6 @@ class ApplyResult:
     failed: list[UnitPlan] = field(default_factory=list)
     error: EtcdError | None = None
     revision: int = 0
-    txns: int = 0
 
     def merge(self, other: ApplyResult) -> None:
         """Add another apply's results to this one."""
@@ -41,7 +40,6 @@ class ApplyResult:
         self.failed += other.failed
         self.error = self.error or other.error
         self.revision = max(self.revision, other.revision)
-        self.txns += other.txns
 
 
 class Writer:
@@ -138,7 +136,6 @@ class Writer:
             result.error = exc
             result.failed.extend(txn.units)
             return
-        result.txns += 1
         result.revision = max(result.revision, revision)
         (result.committed if ok else result.conflicted).extend(txn.units)
 
@@ -155,8 +152,7 @@ class Writer:
                 result.error = exc
                 result.failed.append(unit)
                 return
-            result.txns += 1
-            result.revision = max(result.revision, revision)
+                result.revision = max(result.revision, revision)
             if not ok:
                 result.conflicted.append(unit)
                 return
