@@ -98,6 +98,28 @@ async def test_initial_delay_grace_no_ejection_and_no_traffic_before_first_succe
     await eventually(lambda: _both(answers(http, traefik, f"{iid}.test"), "good", "late"))
 
 
+async def test_a_dead_canary_gets_no_traffic_and_a_dead_primary_neither(
+    api_daemon: Daemon, cleanup: Any, backends: list[Backend], traefik: EmbeddedTraefik, http: aiohttp.ClientSession
+) -> None:
+    primary, canary = await Backend("p").start(), await Backend("c").start()
+    backends.extend([primary, canary])
+    iid = uid()
+    body = ing(iid, {"servers": [{"url": primary.url}]}, FAST,
+               canary={"weight": 50, "upstream": {"servers": [{"url": canary.url}]}})
+    await push(http, api_daemon, body)
+    cleanup.append((iid, 1))
+    host = f"{iid}.test"
+    await eventually(lambda: _both(answers(http, traefik, host), "p", "c"))
+    # Every canary server down: its half goes to the primary, not to 503s.
+    await canary.stop()
+    await eventually(lambda: _only(answers(http, traefik, host, 40), "p"))
+    await canary.start()
+    await eventually(lambda: _both(answers(http, traefik, host), "p", "c"))
+    # And the other way round.
+    await primary.stop()
+    await eventually(lambda: _only(answers(http, traefik, host, 40), "c"))
+
+
 async def test_all_servers_down_answers_503_not_404(api_daemon: Daemon, cleanup: Any, backends: list[Backend], traefik: EmbeddedTraefik, http: aiohttp.ClientSession) -> None:
     only = await Backend("only").start()
     backends.append(only)

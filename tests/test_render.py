@@ -209,3 +209,21 @@ def test_rendering_is_cached_by_content(renderer: Renderer) -> None:
     one = ingress("llama", upstream=UP)
     assert renderer.render(one) is renderer.render(ingress("llama", upstream=UP))
     assert renderer.render(one) is not renderer.render(ingress("llama", upstream=UP, revision=2))
+
+
+@pytest.mark.parametrize("protocol", ["http", "tcp"])
+def test_a_group_with_no_routable_server_gets_weight_zero_while_the_other_has_one(renderer: Renderer, protocol: str) -> None:
+    scheme = "tcp" if protocol == "tcp" else "http"
+    p, c = f"{scheme}://10.0.0.5:80", f"{scheme}://10.0.0.6:80"
+    ing = ingress("llama", protocol=protocol, hosts=[] if protocol == "tcp" else ["llama.test"],
+                  upstream={"servers": [{"url": p}]}, canary={"weight": 10, "upstream": {"servers": [{"url": c}]}})
+
+    def weights(ejected: set[str]) -> tuple[str, str]:
+        kv = rel(renderer.render(ing, frozenset(ejected)).kv)
+        base = f"{protocol}/services/test_llama/weighted/services"
+        return kv[f"{base}/00/weight"], kv[f"{base}/01/weight"]
+
+    assert weights(set()) == ("90", "10")
+    assert weights({c}) == ("90", "0")
+    assert weights({p}) == ("0", "10")
+    assert weights({p, c}) == ("90", "10")  # all down: the configured split, answering 503

@@ -86,6 +86,23 @@ def _environment(template_dir: Path | None) -> SandboxedEnvironment:
     return env
 
 
+def _routable(group: dict[str, Any]) -> bool:
+    return bool(group.get("servers") or group.get("instances"))
+
+
+def _split_weights(canary_weight: int, primary: dict[str, Any], canary: dict[str, Any]) -> tuple[int, int]:
+    """The primary's and canary's weights: a group with no routable server gets 0 while the other has one.
+
+    When both are down the configured split stays, and the service answers 503 (never 404).
+    """
+    primary_up, canary_up = _routable(primary), _routable(canary)
+    if primary_up and not canary_up:
+        return 100 - canary_weight, 0
+    if canary_up and not primary_up:
+        return 0, canary_weight
+    return 100 - canary_weight, canary_weight
+
+
 class Renderer:
     """Turns ingresses into owned keys; one per process, shared by every caller."""
 
@@ -125,11 +142,12 @@ class Renderer:
         name = self._layout.object_name(IngressRef(ingress.authority, ingress.id))
         primary = _group(ingress.upstream, ejected)
         canary = _group(ingress.canary.upstream, ejected) if ingress.canary else None
-        if canary is None:
+        if canary is None or ingress.canary is None:
             primary["service"] = name
             groups = [primary]
         else:
             primary["service"], canary["service"] = f"{name}_primary", f"{name}_canary"
+            primary["weight"], canary["weight"] = _split_weights(ingress.canary.weight, primary, canary)
             groups = [primary, canary]
         context = {
             "ingress": ingress.model_dump(mode="json"),
