@@ -105,6 +105,9 @@ class ApiSettings(_Server):
     allow_unauthenticated_loopback: bool = Field(
         default=False, description="serve the push API without a token (only on a loopback address)"
     )
+    served_timeout: float = Field(
+        default=10.0, gt=0, le=600, description="seconds `?wait=served` waits for Traefik before answering 504"
+    )
 
 
 class ControlSettings(_Server):
@@ -122,6 +125,27 @@ class WriterSettings(_Section):
     tombstone_ttl: float = Field(
         default=86400.0, ge=0, description="seconds a removed ingress's tombstone refuses older upserts"
     )
+
+
+class TraefikSettings(_Section):
+    """The Traefik this sidecar sits next to: what it serves is confirmed through its API."""
+
+    api_url: str | None = Field(
+        default=None, description="Traefik's API, e.g. http://127.0.0.1:8080 (unset: convergence unknown, readiness ignores it)"
+    )
+    username: str | None = Field(default=None, description="basic-auth user of Traefik's API")
+    password_file: Path | None = Field(default=None, description="file holding that user's password")
+    max_lag: float = Field(default=30.0, gt=0, description="seconds Traefik may lag behind etcd before /readyz turns 503")
+    poll_interval: float = Field(
+        default=1.0, ge=0.05, le=60, description="seconds between checks of a converged Traefik (behind: every 50 ms)"
+    )
+
+    @field_validator("api_url")
+    @classmethod
+    def _url(cls, value: str | None) -> str | None:
+        if value is not None and not re.match(r"^https?://[^/\s]+\Z", value.rstrip("/")):
+            raise ValueError(f"{value!r} must look like http://host:port")
+        return value.rstrip("/") if value else value
 
 
 class HealthSettings(_Section):
@@ -182,6 +206,7 @@ class Settings(BaseSettings):
     health: HealthSettings = Field(default_factory=HealthSettings)
     leader: LeaderSettings = Field(default_factory=LeaderSettings)
     tls: TlsSettings = Field(default_factory=TlsSettings)
+    traefik: TraefikSettings = Field(default_factory=TraefikSettings)
     log: LogSettings = Field(default_factory=LogSettings)
 
     @field_validator("root_key")
@@ -233,6 +258,11 @@ class Settings(BaseSettings):
     def etcd_password(self) -> str | None:
         """The etcd password from `etcd.password` (env) or `etcd.password_file`."""
         return _secret(self.etcd.password, self.etcd.password_file, "etcd.password_file")
+
+    def traefik_password(self) -> str | None:
+        """The password of Traefik's API (`traefik.password_file`)."""
+        path = self.traefik.password_file
+        return read_secret(path, "traefik.password_file") if path is not None else None
 
     def api_token(self) -> str | None:
         """The push API token from `api.token` (env) or `api.token_file`."""
@@ -303,6 +333,7 @@ def _resolve_paths(settings: Settings, base: Path) -> Settings:
     for section in (settings.api, settings.control):
         section.tls_cert_file = rel(section.tls_cert_file) or section.tls_cert_file
         section.tls_key_file = rel(section.tls_key_file) or section.tls_key_file
+    settings.traefik.password_file = rel(settings.traefik.password_file) or settings.traefik.password_file
     settings.tls.cert_file = rel(settings.tls.cert_file) or settings.tls.cert_file
     settings.tls.key_file = rel(settings.tls.key_file) or settings.tls.key_file
     return settings

@@ -64,6 +64,14 @@ class RecordDecodeError(ExporterError):
     """A stored record that does not decode (written by something else, or by an older version)."""
 
 
+class NotServedInTime(ExporterError):
+    """The change is committed, but Traefik did not serve it within `api.served_timeout`."""
+
+
+class TraefikUnreachable(ExporterError):
+    """Traefik's API did not answer (or answered with an error)."""
+
+
 class EtcdError(ExporterError):
     """etcd failed or could not be reached. `unavailable` is True for connection-level failures."""
 

@@ -16,7 +16,12 @@ from typing import NamedTuple
 OWNER_KEY = "_meta/owner"
 CERT_KEY = "tls/stores/default/defaultCertificate/certFile"
 KEY_KEY = "tls/stores/default/defaultCertificate/keyFile"
-ROOT_OWNED = frozenset({OWNER_KEY, CERT_KEY, KEY_KEY})
+# The beacon: a middleware no router uses, rewritten by every exporter transaction under the
+# root; reading its value back through Traefik's API tells which commit Traefik has applied.
+BEACON_NAME = "exporter-beacon"
+BEACON_HEADER = "X-Exporter-Beacon"
+BEACON_KEY = f"http/middlewares/{BEACON_NAME}/headers/customRequestHeaders/{BEACON_HEADER}"
+ROOT_OWNED = frozenset({OWNER_KEY, CERT_KEY, KEY_KEY, BEACON_KEY})
 # Traefik's configuration kinds: the first segment of an object path under a root.
 _KINDS = frozenset({"http", "tcp", "udp"})
 
@@ -68,6 +73,17 @@ class KeyLayout:
     def root(self, authority: str) -> str:
         """The Traefik rootKey of one authority."""
         return self.root_key.replace("{authority}", authority)
+
+    def beacon_key(self, root: str) -> str:
+        """The beacon of `root`."""
+        return f"{root}/{BEACON_KEY}"
+
+    def beacon_root(self, key: str) -> str | None:
+        """The root whose beacon `key` is, or None."""
+        if not key.endswith(BEACON_KEY) or not key.startswith(self.roots_prefix):
+            return None
+        root = key[: -len(BEACON_KEY) - 1]
+        return root if root.count("/") == self._root_depth - 1 else None
 
     def is_root_owned(self, root: str, key: str) -> bool:
         """True for the sentinel and default-certificate keys of `root`."""

@@ -39,6 +39,7 @@ def test_first_plan_creates_root_keys_record_and_objects_with_guards() -> None:
         "traefik/worker_test/_meta/owner",
         "traefik/worker_test/tls/stores/default/defaultCertificate/certFile",
         "traefik/worker_test/tls/stores/default/defaultCertificate/keyFile",
+        "traefik/worker_test/http/middlewares/exporter-beacon/headers/customRequestHeaders/X-Exporter-Beacon",
     }
     assert unit.name == "test/llama"
     assert all(c.sign == "+" for c in unit.changes)
@@ -105,8 +106,27 @@ def test_generated_certificate_is_only_created_never_replaced() -> None:
     rec = record("llama", upstream=UP)
     obs.set("traefik/worker_test/tls/stores/default/defaultCertificate/certFile", "OTHER", 3)
     obs.set("traefik/worker_test/tls/stores/default/defaultCertificate/keyFile", "OTHERKEY", 3)
+    beacon = LAYOUT.beacon_key("traefik/worker_test")
+    obs.set(beacon, "traefik/worker_test w.7", 4)
     plan = planner().plan({rec.key: rec}, obs)
+    # The beacon, like a generated certificate, is only created: every transaction rewrites it.
     assert [c.key for c in plan.units[0].changes] == ["traefik/worker_test/_meta/owner"]
+
+
+def test_every_transaction_counts_one_beacon_put_per_root_it_touches() -> None:
+    # 126 changes + the beacon fit 128 with another unit's 1 change under the same root...
+    a = UnitPlan("a", [Change(f"r/a{i}", None, "x") for i in range(126)], [], root="r")
+    b = UnitPlan("b", [Change("r/b", None, "x")], [], root="r")
+    txns, _ = pack([[a], [b]], 128, 1_000_000)
+    assert [[u.name for u in t.units] for t in txns] == [["a", "b"]] and txns[0].roots == {"r"}
+    # ...but not under another root, which needs a beacon of its own.
+    c = UnitPlan("c", [Change("s/c", None, "x")], [], root="s")
+    txns, _ = pack([[a], [c]], 128, 1_000_000)
+    assert [[u.name for u in t.units] for t in txns] == [["a"], ["c"]]
+    # A split unit leaves room for the beacon in every chunk.
+    big = UnitPlan("big", [Change(f"r/k{i}", None, "x") for i in range(300)], [], root="r")
+    _, split = pack([[big]], 128, 1_000_000)
+    assert all(len(chunk.changes) <= 127 and chunk.roots == {"r"} for chunk in split[0])
 
 
 def test_order_changes_never_leaves_a_router_pointing_at_nothing() -> None:

@@ -198,7 +198,7 @@ async def test_events_during_our_own_transactions_are_deferred_ours_ignored_and_
         await eventually(lambda: _value_is(etcd, rule_key(other), f"Host(`{other}.test`)"))
         # Our own writes were never taken for drift: only the edited ingress was repaired.
         repaired = [ops for c, ops, ok in etcd.txns if ok and FENCE in c]
-        assert len(repaired) == 1 and {op.key for op in repaired[0]} == {rule_key(other)}
+        assert len(repaired) == 1 and {op.key for op in repaired[0]} == {rule_key(other), LAYOUT.beacon_key(ROOT)}
 
 
 async def test_etcd_down_answers_503_and_writes_resume_after_it_returns(etcd: FakeEtcd) -> None:
@@ -237,7 +237,7 @@ async def test_a_render_that_fails_at_plan_time_answers_template_error_400_and_w
         with pytest.raises(TemplateError) as info:
             await rec.submit([record(iid, upstream=UP)])
         assert status_of(info.value) == 400
-        assert etcd.keys(f"{ROOT}/http/") == {} and etcd.keys(LAYOUT.records_dir) == {}
+        assert etcd.keys(f"{ROOT}/http/routers/") == {} and etcd.keys(LAYOUT.records_dir) == {}
         assert IngressRef(AUTHORITY, iid) in rec.render_errors
 
 

@@ -11,6 +11,7 @@ import asyncio
 import base64
 import json
 import ssl
+import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -45,8 +46,21 @@ class EtcdSecurity:
         return context
 
 
+@dataclass(frozen=True)
+class Reachability:
+    """Whether etcd answered the last request (None: not asked yet), the failure if not, and since when (monotonic)."""
+
+    reachable: bool | None
+    error: str | None
+    since: float
+
+
 class EtcdClient:
-    """Range, txn and watch against one etcd gateway endpoint (the first that answers)."""
+    """Range, txn and watch against one etcd gateway endpoint (the first that answers).
+
+    Every request, watch line or failure updates `reachability()`: the evidence readiness
+    uses, also when nothing is being written.
+    """
 
     def __init__(
         self, endpoints: Sequence[str], timeout: float = 5.0, page_size: int = 5000, security: EtcdSecurity | None = None
@@ -59,6 +73,27 @@ class EtcdClient:
         self._security = security or EtcdSecurity()
         self._ssl = self._security.ssl_context()
         self._token: str | None = None
+        self._reachability = Reachability(None, None, time.monotonic())
+        self._last_answer = 0.0
+
+    def reachability(self) -> Reachability:
+        """What the last request said about etcd."""
+        return self._reachability
+
+    def idle_for(self) -> float:
+        """Seconds since etcd last answered anything."""
+        return time.monotonic() - self._last_answer
+
+    def _answered(self) -> None:
+        self._last_answer = time.monotonic()
+        if self._reachability.reachable is not True:
+            self._reachability = Reachability(True, None, self._last_answer)
+
+    def _failed(self, error: EtcdError) -> EtcdError:
+        if self._reachability.reachable is not False or self._reachability.error != error.title:
+            since = self._reachability.since if self._reachability.reachable is False else time.monotonic()
+            self._reachability = Reachability(False, error.title, since)
+        return error
 
     async def __aenter__(self) -> EtcdClient:
         return self
@@ -122,15 +157,17 @@ class EtcdClient:
                             reauthenticated = True
                             self._token = None
                             continue
-                        raise error
+                        # 503 is gRPC's Unavailable (no leader, member stopping): as good as unreachable.
+                        raise self._failed(error) if resp.status == 503 else error
                     result: dict[str, Any] = json.loads(payload)
+                    self._answered()
                     return result
             except (aiohttp.ClientConnectionError, asyncio.TimeoutError, OSError) as exc:
                 last = _connection_error(url, exc)
                 self._current = (self._current + 1) % len(self._endpoints)
                 attempt += 1
         assert last is not None
-        raise last
+        raise self._failed(last)
 
     async def get(self, key: str) -> KeyValue | None:
         """One key, or None."""
@@ -223,6 +260,7 @@ class EtcdClient:
                 if resp.status != 200:
                     raise EtcdError(_error_text(await resp.read(), resp.status), status=resp.status)
                 while line := await resp.content.readline(max_line_length=_MAX_WATCH_LINE):
+                    self._answered()
                     if not line.strip():
                         continue
                     result = json.loads(line).get("result", {})
@@ -237,7 +275,9 @@ class EtcdClient:
                         yield events
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
             self._current = (self._current + 1) % len(self._endpoints)
-            raise EtcdError(f"watch on {url} broke: {type(exc).__name__}", unavailable=True) from None
+            error = EtcdError(f"watch on {url} broke: {type(exc).__name__}", unavailable=True)
+            # A stream that stayed silent past its idle timeout says nothing about etcd; a broken connection does.
+            raise (error if isinstance(exc, asyncio.TimeoutError) else self._failed(error)) from None
         self._current = (self._current + 1) % len(self._endpoints)
         raise EtcdError(f"watch on {url} ended", unavailable=True)
 

@@ -6,11 +6,26 @@ indexed by owning ingress so that planning one ingress touches only its own keys
 
 from __future__ import annotations
 
-from collections import defaultdict
+import time
+from collections import defaultdict, deque
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 from ..etcd.types import KeyValue
-from ..keys import IngressRef, KeyLayout
+from ..keys import BEACON_KEY, IngressRef, KeyLayout
+
+
+# Beacon values remembered per root: enough to map what a lagging Traefik shows to a revision.
+_BEACON_HISTORY = 4096
+
+
+@dataclass(frozen=True, slots=True)
+class BeaconWrite:
+    """One value a root's beacon held: written at `revision`, seen here at `seen_at` (monotonic)."""
+
+    value: str
+    revision: int
+    seen_at: float
 
 
 class Observed:
@@ -23,6 +38,7 @@ class Observed:
         self._objects: dict[str, set[str]] = defaultdict(set)
         # ingress -> object paths named for it
         self._owners: dict[IngressRef, set[str]] = defaultdict(set)
+        self._beacons: dict[str, deque[BeaconWrite]] = defaultdict(lambda: deque(maxlen=_BEACON_HISTORY))
         self.revision = 0
 
     def set(self, key: str, value: str | None, mod_revision: int) -> None:
@@ -30,6 +46,8 @@ class Observed:
         if value is not None:
             known = key in self.keys
             self.keys[key] = (value, mod_revision)
+            if key.endswith(BEACON_KEY):
+                self._beacon_written(key, value, mod_revision)
             if known:
                 return  # already indexed
             obj = self.layout.object_of(key)
@@ -69,6 +87,18 @@ class Observed:
             self.set(key, None, 0)
         for kv in kvs:
             self.set(kv.key, kv.value, kv.mod_revision)
+
+    def _beacon_written(self, key: str, value: str, revision: int) -> None:
+        root = self.layout.beacon_root(key)
+        if root is None:
+            return
+        history = self._beacons[root]
+        if not history or history[-1].revision < revision:
+            history.append(BeaconWrite(value, revision, time.monotonic()))
+
+    def beacon_history(self, root: str) -> list[BeaconWrite]:
+        """The values `root`'s beacon held, oldest first (the last one is current)."""
+        return list(self._beacons.get(root, ()))
 
     def objects_of(self, ref: IngressRef) -> dict[str, dict[str, tuple[str, int]]]:
         """The observed objects under the ingress's root named for it, with their keys."""

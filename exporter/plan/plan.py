@@ -44,6 +44,8 @@ class UnitPlan:
     owner: IngressRef | None = None
     record: Record | None = None
     removed: bool = False
+    # The root the unit's keys are under (its transactions rewrite that root's beacon).
+    root: str = ""
 
 
 @dataclass(slots=True)
@@ -88,6 +90,7 @@ def plan_ingress(
     record_key: str,
     desired_record: Record | None,
     observed_record: tuple[str, int] | None,
+    root: str = "",
 ) -> UnitPlan | None:
     """Diff one ingress: `desired` keys (None: remove it) against what etcd holds for it."""
     changes: list[Change] = []
@@ -121,6 +124,7 @@ def plan_ingress(
         owner=owner,
         record=desired_record,
         removed=desired is None,
+        root=root,
     )
 
 
@@ -141,4 +145,4 @@ def plan_root(
         compares.append(Compare(key, "EQUAL", seen[1] if seen else 0))
     if not changes:
         return None
-    return UnitPlan(name=f"root {root}", changes=changes, compares=compares)
+    return UnitPlan(name=f"root {root}", changes=changes, compares=compares, root=root)

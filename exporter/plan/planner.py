@@ -67,7 +67,10 @@ class Planner:
 
     def _plan_root(self, root: str, observed: Observed) -> UnitPlan | None:
         keys = root_keys(root, self._certificate)
-        keep = frozenset({f"{root}/{CERT_KEY}", f"{root}/{KEY_KEY}"}) if self._certificate.generated else frozenset()
+        # The beacon is created once; afterwards every transaction under the root rewrites it.
+        keep = frozenset({self._layout.beacon_key(root)})
+        if self._certificate.generated:
+            keep |= {f"{root}/{CERT_KEY}", f"{root}/{KEY_KEY}"}
         seen = {k: observed.keys[k] for k in keys if k in observed.keys}
         return plan_root(root, keys, seen, keep)
 
@@ -97,6 +100,7 @@ class Planner:
             record_key=rkey,
             desired_record=record,
             observed_record=observed_record,
+            root=self._layout.root(ref.authority),
         )
 
     def _foreign(

@@ -18,7 +18,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from ..errors import ConfigError
-from ..keys import CERT_KEY, KEY_KEY, OWNER_KEY
+from ..keys import BEACON_KEY, CERT_KEY, KEY_KEY, OWNER_KEY
 
 OWNER_VALUE = "traefik-etcd-exporter"
 
@@ -72,4 +72,10 @@ def root_keys(root: str, certificate: DefaultCertificate) -> dict[str, str]:
         f"{root}/{OWNER_KEY}": OWNER_VALUE,
         f"{root}/{CERT_KEY}": certificate.cert_pem,
         f"{root}/{KEY_KEY}": certificate.key_pem,
+        f"{root}/{BEACON_KEY}": beacon_value(root, "0"),
     }
+
+
+def beacon_value(root: str, token: str) -> str:
+    """What a root's beacon holds: the root (a Traefik reads one) and the writing transaction's token."""
+    return f"{root} {token}"

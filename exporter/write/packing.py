@@ -5,7 +5,8 @@ Units that fit are packed whole, several to a transaction, within `max_ops` oper
 transaction whenever it fits. A unit too large for one transaction is split into a
 sequence of chunks in its safe change order (see plan.order_changes): every prefix of that
 sequence leaves no router referencing a missing object, and the record (or tombstone) is
-written first.
+written first. Every transaction also rewrites the beacon of each root it touches (one more
+operation per root, counted here).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from ..etcd.types import Compare, Op
+from ..etcd.types import Compare
 from ..plan.plan import Change, UnitPlan
 
 _TXN_OVERHEAD = 256
@@ -27,10 +28,20 @@ class Txn:
     changes: list[Change] = field(default_factory=list)
     compares: list[Compare] = field(default_factory=list)
     bytes: int = _TXN_OVERHEAD
+    # The roots whose keys it changes: it rewrites their beacons.
+    roots: set[str] = field(default_factory=set)
 
-    def ops(self) -> list[Op]:
-        """The etcd operations of this transaction."""
-        return [Op(c.key, c.new) for c in self.changes]
+    def add(self, unit: UnitPlan, size: int) -> None:
+        """Carry all of `unit`."""
+        self.units.append(unit)
+        self.changes.extend(unit.changes)
+        self.compares.extend(unit.compares)
+        self.bytes += size
+        self.roots |= _roots([unit])
+
+
+def _roots(units: Sequence[UnitPlan]) -> set[str]:
+    return {u.root for u in units if u.root}
 
 
 def _size(changes: Sequence[Change]) -> int:
@@ -43,10 +54,11 @@ def pack(groups: Sequence[Sequence[UnitPlan]], max_ops: int, max_bytes: int) -> 
     split: list[list[Txn]] = []
     current = Txn()
 
-    def fits(txn: Txn, ops: int, compares: int, size: int) -> bool:
+    def fits(txn: Txn, units: Sequence[UnitPlan], size: int) -> bool:
+        beacons = len(txn.roots | _roots(units))
         return (
-            len(txn.changes) + ops <= max_ops
-            and len(txn.compares) + compares <= max_ops
+            len(txn.changes) + sum(len(u.changes) for u in units) + beacons <= max_ops
+            and len(txn.compares) + sum(len(u.compares) for u in units) <= max_ops
             and txn.bytes + size <= max_bytes
         )
 
@@ -54,24 +66,18 @@ def pack(groups: Sequence[Sequence[UnitPlan]], max_ops: int, max_bytes: int) -> 
         whole: list[tuple[UnitPlan, int]] = []
         for unit in group:
             size = _size(unit.changes)
-            if fits(Txn(), len(unit.changes), len(unit.compares), size):
+            if fits(Txn(), [unit], size):
                 whole.append((unit, size))
             else:
                 split.append(_split(unit, max_ops, max_bytes))
-        g_ops = sum(len(u.changes) for u, _ in whole)
-        g_cmp = sum(len(u.compares) for u, _ in whole)
-        g_size = sum(size for _, size in whole)
-        if current.units and not fits(current, g_ops, g_cmp, g_size):
+        if current.units and not fits(current, [u for u, _ in whole], sum(size for _, size in whole)):
             txns.append(current)
             current = Txn()
         for unit, size in whole:
-            if current.units and not fits(current, len(unit.changes), len(unit.compares), size):
+            if current.units and not fits(current, [unit], size):
                 txns.append(current)
                 current = Txn()
-            current.units.append(unit)
-            current.changes.extend(unit.changes)
-            current.compares.extend(unit.compares)
-            current.bytes += size
+            current.add(unit, size)
     if current.units:
         txns.append(current)
     return txns, split
@@ -79,14 +85,16 @@ def pack(groups: Sequence[Sequence[UnitPlan]], max_ops: int, max_bytes: int) -> 
 
 def _split(unit: UnitPlan, max_ops: int, max_bytes: int) -> list[Txn]:
     chunks: list[Txn] = []
-    current = Txn(units=[unit])
+    roots = _roots([unit])
+    max_ops -= len(roots)
+    current = Txn(units=[unit], roots=set(roots))
     # The record change (a put, or a tombstone for a removal) comes first in the change order:
     # after a crash between chunks, the record says what the ingress must become.
     for change in unit.changes:
         size = _size([change])
         if current.changes and (len(current.changes) >= max_ops or current.bytes + size > max_bytes):
             chunks.append(current)
-            current = Txn(units=[unit])
+            current = Txn(units=[unit], roots=set(roots))
         current.changes.append(change)
         current.bytes += size
     chunks.append(current)

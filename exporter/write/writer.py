@@ -9,6 +9,7 @@ every committed transaction, so the next plan starts from what etcd now holds.
 from __future__ import annotations
 
 import asyncio
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -16,9 +17,10 @@ from loguru import logger
 
 from ..errors import EtcdError
 from ..etcd.store import EtcdStore
-from ..etcd.types import Compare
+from ..etcd.types import Compare, Op
 from ..plan.observed import Observed
-from ..plan.plan import UnitPlan
+from ..plan.plan import Change, UnitPlan
+from ..render.root_keys import beacon_value
 from . import metrics
 from .packing import Txn, pack
 
@@ -55,6 +57,10 @@ class Writer:
     ) -> None:
         self._etcd = etcd
         self._observed = observed
+        self._layout = observed.layout
+        # Beacon tokens: unique per writer and transaction, so a value read back names one commit.
+        self._token_prefix = uuid.uuid4().hex[:8]
+        self._sequence = 0
         self._max_ops = max_ops
         self._max_bytes = max_bytes
         self._in_flight = asyncio.Semaphore(max_in_flight)
@@ -99,33 +105,45 @@ class Writer:
         await asyncio.gather(*jobs)
         return result
 
+    def _beacons(self, txn: Txn) -> list[Change]:
+        """The beacon puts of a transaction: a new token on every root it touches."""
+        written = {c.key for c in txn.changes}
+        self._sequence += 1
+        token = f"{self._token_prefix}.{self._sequence}"
+        return [
+            Change(key, None, beacon_value(root, token))
+            for root in sorted(txn.roots)
+            if (key := self._layout.beacon_key(root)) not in written
+        ]
+
     async def _send(self, txn: Txn, compares: Sequence[Compare]) -> tuple[bool, int]:
         async with self._in_flight:
-            for change in txn.changes:
+            changes = txn.changes + self._beacons(txn)
+            for change in changes:
                 self._writing[change.key] = change.new
             self._sending += 1
             self._idle.clear()
             try:
-                reply = await self._etcd.txn(compares, txn.ops())
-                self._record(txn, reply.succeeded, reply.revision)
+                reply = await self._etcd.txn(compares, [Op(c.key, c.new) for c in changes])
+                self._record(txn, changes, reply.succeeded, reply.revision)
             finally:
-                for change in txn.changes:
+                for change in changes:
                     self._writing.pop(change.key, None)
                 self._sending -= 1
                 if not self._sending:
                     self._idle.set()
         return reply.succeeded, reply.revision
 
-    def _record(self, txn: Txn, succeeded: bool, revision: int) -> None:
+    def _record(self, txn: Txn, changes: list[Change], succeeded: bool, revision: int) -> None:
         metrics.TXNS.labels("committed" if succeeded else "conflict").inc()
         if succeeded:
             self._own_revisions.add(revision)
             metrics.KEYS_WRITTEN.inc(len(txn.changes))
-            for change in txn.changes:
+            for change in changes:
                 self._observed.set(change.key, change.new, revision)
             names = sorted({u.name for u in txn.units})
-            logger.bind(revision=revision, ingresses=names, ops=len(txn.changes)).info(
-                "txn rev={} ops={} units={}", revision, len(txn.changes), ",".join(names)
+            logger.bind(revision=revision, ingresses=names, ops=len(changes)).info(
+                "txn rev={} ops={} units={}", revision, len(changes), ",".join(names)
             )
 
     async def _commit_whole(self, txn: Txn, fence: Sequence[Compare], result: ApplyResult) -> None:
