@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
 import ssl
 from pathlib import Path
@@ -13,15 +14,17 @@ from loguru import logger
 from watchfiles import awatch
 
 from .config import Settings
+from .control.convergence import convergence_routes
 from .control.healthcheck import healthcheck_routes
 from .control.server import control_app
-from .errors import ConfigError
+from .errors import ConfigError, EtcdError
 from .etcd.client import EtcdClient, EtcdSecurity
 from .etcd.store import EtcdStore
 from .health.checkers import load_kinds
 from .health.engine import HealthEngine
 from .health.kinds import BUILTIN
 from .health.shared import SharedHealth
+from .keys import KeyLayout
 from .leader import Leadership
 from .plan.observed import Observed
 from .plan.planner import Planner
@@ -32,6 +35,12 @@ from .roles import AlwaysLeader
 from .sources.api import is_loopback, push_api_app
 from .sources.files import IngressFiles
 from .store.records import RecordStore
+from .traefik.api import TraefikApi
+from .traefik.observer import TraefikObserver
+from .traefik.serving import Serving
+
+# Seconds of silence from etcd after which it is asked (readiness sees an outage while idle).
+_PROBE_EVERY = 1.0
 
 
 def etcd_client(settings: Settings) -> EtcdClient:
@@ -95,6 +104,14 @@ async def _serve(app: web.Application, listen: str, tls: ssl.SSLContext | None =
     return runner
 
 
+def _observer(settings: Settings, layout: KeyLayout, observed: Observed, store: RecordStore) -> TraefikObserver | None:
+    t = settings.traefik
+    if t.api_url is None:
+        return None
+    api = TraefikApi(t.api_url, username=t.username, password=settings.traefik_password())
+    return TraefikObserver(api, layout, observed, store, max_lag=t.max_lag, poll_interval=t.poll_interval)
+
+
 class Daemon:
     """One exporter process: reconciler, health engine, leadership, sources, control server."""
 
@@ -121,6 +138,10 @@ class Daemon:
             store=RecordStore(self.health.update), observed=observed, inbox=inbox,
             leader=self.leadership or AlwaysLeader(), ejections=self.health, admission=self.health,
         )
+        self.observer = _observer(settings, layout, observed, self.reconciler.store)
+        self.serving = Serving(
+            layout, observed, lambda: self.reconciler.render_errors, self.observer, settings.api.served_timeout
+        )
         self.files = IngressFiles(settings.sources.files, self.reconciler)
         self.stop_event = asyncio.Event()
         self.sources_applied = False
@@ -132,7 +153,10 @@ class Daemon:
         """Why the daemon is not ready; empty when it is."""
         status = self.reconciler.status
         reasons = []
-        if not status.etcd_ok:
+        reach = self.etcd.reachability()
+        if reach.reachable is False:
+            reasons.append(f"etcd unreachable: {reach.error}")
+        elif not status.etcd_ok:
             reasons.append(f"etcd unreachable: {status.last_error or 'not contacted yet'}")
         if not status.synced:
             reasons.append("first sync with etcd not done")
@@ -142,7 +166,13 @@ class Daemon:
             reasons.append("ingress files not applied yet")
         reasons += [f"ingress file {path}: {error}" for path, error in sorted(self.files.errors.items())]
         reasons += [f"ingress {ref}: {error.title}" for ref, error in sorted(self.reconciler.render_errors.items())]
+        if self.observer is not None:
+            reasons += self.observer.readiness()
         return reasons
+
+    def _accepting(self) -> bool:
+        status = self.reconciler.status
+        return status.synced and status.etcd_ok and self.etcd.reachability().reachable is not False
 
     def _push_api(self) -> web.Application | None:
         api = self.settings.api
@@ -157,9 +187,8 @@ class Daemon:
                     "or set api.enabled false"
                 )
             logger.warning("push API on {} accepts requests without a token (loopback only)", api.listen)
-        status = self.reconciler.status
         return push_api_app(
-            self.reconciler, token=token, max_body_bytes=api.max_body_bytes, ready=lambda: status.synced and status.etcd_ok
+            self.reconciler, token=token, max_body_bytes=api.max_body_bytes, ready=self._accepting, serving=self.serving
         )
 
     async def start(self) -> None:
@@ -167,7 +196,7 @@ class Daemon:
         push_api = self._push_api()
         routes = healthcheck_routes(
             self.health, lambda owner: self.reconciler.store.get(owner) is not None, self._health_headers
-        )
+        ) + convergence_routes(self.observer)
         control, api = self.settings.control, self.settings.api
         control_tls = _server_tls(control.tls_cert_file, control.tls_key_file, "control")
         self._runners.append(await _serve(control_app(self.readiness, routes), control.listen, control_tls))
@@ -177,6 +206,9 @@ class Daemon:
             self._runners.append(await _serve(push_api, api.listen, api_tls))
             logger.info("push API on {}://{}", "https" if api_tls else "http", api.listen)
         await self.reconciler.start()
+        self._tasks.append(asyncio.create_task(self._probe_etcd(), name="etcd-probe"))
+        if self.observer is not None:
+            self._tasks.append(asyncio.create_task(self.observer.run(), name="traefik-observer"))
         if self.settings.templates.dir is not None:
             self._tasks.append(asyncio.create_task(self._watch_templates(self.settings.templates.dir), name="templates"))
         if self.shared is not None:
@@ -184,6 +216,14 @@ class Daemon:
             self._tasks.append(asyncio.create_task(self.shared.run_reader(self.health.count_states), name="health-reader"))
             self._tasks.append(asyncio.create_task(self.shared.run_publisher(self.health.document), name="health-publisher"))
         self._tasks.append(asyncio.create_task(self._sources(), name="sources"))
+
+    async def _probe_etcd(self) -> None:
+        # Readiness must see an etcd outage also while nothing is written: ask when etcd has been quiet.
+        while True:
+            await asyncio.sleep(_PROBE_EVERY / 2)
+            if self.etcd.idle_for() >= _PROBE_EVERY:
+                with contextlib.suppress(EtcdError):
+                    await self.etcd.revision()
 
     def _health_headers(self) -> dict[str, str]:
         # Which exporter's probes the answer reflects, and how old its newest document is.

@@ -25,6 +25,7 @@ from ..errors import (
     EtcdError,
     EtcdUnavailable,
     ExporterError,
+    NotServedInTime,
     StaleRevisionError,
     TemplateError,
     Unauthorized,
@@ -35,6 +36,7 @@ from ..ingress import IngressFile, RemoveRequest, field_errors
 from ..keys import IngressRef
 from ..reconcile import Removal
 from ..store.records import Record, RecordStore
+from ..traefik.serving import Serving
 
 REQUESTS = Counter("exporter_api_requests_total", "push API requests by route and status", ["route", "status"])
 _Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -50,6 +52,7 @@ HTTP_STATUS: dict[type[ExporterError], int] = {
     UnsupportedMediaType: 415,
     EtcdUnavailable: 503,
     EtcdError: 503,
+    NotServedInTime: 504,
     ConfigError: 500,
 }
 
@@ -109,13 +112,20 @@ async def read_body(request: web.Request, model: type[M], max_body_bytes: int) -
 
 
 class PushApi:
-    """The handlers of the push API over one sink; `token` None means unauthenticated (loopback only)."""
+    """The handlers of the push API over one sink; `token` None means unauthenticated (loopback only).
 
-    def __init__(self, sink: IngressSink, *, token: str | None, max_body_bytes: int, ready: Callable[[], bool]) -> None:
+    `serving` adds each stored ingress's status to the list and makes `?wait=served` work.
+    """
+
+    def __init__(
+        self, sink: IngressSink, *, token: str | None, max_body_bytes: int, ready: Callable[[], bool],
+        serving: Serving | None = None,
+    ) -> None:
         self._sink = sink
         self._expected = token.encode() if token is not None else None
         self._max_body_bytes = max_body_bytes
         self._ready = ready
+        self._serving = serving
 
     def app(self) -> web.Application:
         """The aiohttp application."""
@@ -158,29 +168,56 @@ class PushApi:
         if not self._ready():
             raise EtcdUnavailable("etcd is unreachable or not synced yet; nothing was written")
 
+    def _waiter(self, request: web.Request) -> Serving | None:
+        """What `?wait=served` waits with (None without the parameter); checked before anything is written."""
+        wait = request.query.get("wait")
+        if wait is None:
+            return None
+        if wait != "served":
+            raise ValidationFailed("wait: the only value is served", {"errors": [{"loc": "wait", "msg": "must be served"}]})
+        if self._serving is None or not self._serving.can_wait:
+            raise ValidationFailed(
+                "wait=served needs traefik.api_url: this exporter does not know what Traefik serves",
+                {"errors": [{"loc": "wait", "msg": "traefik.api_url is not configured"}]},
+            )
+        return self._serving
+
     async def upsert(self, request: web.Request) -> web.Response:
-        """`POST /v2/ingress/upsert`: 204 once every ingress of the body is committed."""
+        """`POST /v2/ingress/upsert`: 204 once every ingress of the body is committed (`?wait=served`: and served)."""
+        waiter = self._waiter(request)
         body = await read_body(request, IngressFile, self._max_body_bytes)
         self._check_ready()
         await self._sink.submit([Record.of(ingress) for ingress in body.ingresses])
+        if waiter is not None:
+            await waiter.wait([ingress.key for ingress in body.ingresses])
         return web.Response(status=204)
 
     async def remove(self, request: web.Request) -> web.Response:
-        """`POST /v2/ingress/remove`: 204 once every removal is committed (unknown ingresses are no-ops)."""
+        """`POST /v2/ingress/remove`: 204 once every removal is committed (`?wait=served`: and no longer served)."""
+        waiter = self._waiter(request)
         body = await read_body(request, RemoveRequest, self._max_body_bytes)
         self._check_ready()
-        await self._sink.submit([], [Removal(IngressRef(r.authority, r.id), r.revision) for r in body.ingresses])
+        removals = [Removal(IngressRef(r.authority, r.id), r.revision) for r in body.ingresses]
+        await self._sink.submit([], removals)
+        if waiter is not None:
+            await waiter.wait([r.ref for r in removals])
         return web.Response(status=204)
 
     async def list_ingresses(self, request: web.Request) -> web.Response:
-        """`GET /v2/ingress[?authority=]`: every stored ingress with its revision."""
+        """`GET /v2/ingress[?authority=]`: every stored ingress with its revision and status."""
         self._check_ready()
         records = self._sink.store.by_authority(request.query.get("authority"))
-        return web.json_response({"ingresses": [r.ingress.model_dump(mode="json") for r in records]})
+        serving = self._serving
+        entries = [
+            {**r.ingress.model_dump(mode="json"), **({"status": serving.status(r)} if serving is not None else {})}
+            for r in records
+        ]
+        return web.json_response({"ingresses": entries})
 
 
 def push_api_app(
-    sink: IngressSink, *, token: str | None, max_body_bytes: int, ready: Callable[[], bool] = lambda: True
+    sink: IngressSink, *, token: str | None, max_body_bytes: int, ready: Callable[[], bool] = lambda: True,
+    serving: Serving | None = None,
 ) -> web.Application:
     """The aiohttp application of the push API. `token` None means unauthenticated (loopback only)."""
-    return PushApi(sink, token=token, max_body_bytes=max_body_bytes, ready=ready).app()
+    return PushApi(sink, token=token, max_body_bytes=max_body_bytes, ready=ready, serving=serving).app()

@@ -1,0 +1,275 @@
+"""The Traefik observer: for each root this daemon writes, has the Traefik next to it applied every commit?
+
+Exactly, not by timing: every exporter transaction rewrites its root's beacon with a new
+token, and Traefik decodes a root all or nothing, so the beacon Traefik shows names the
+newest commit whose keys it has applied. Cheaply: one small request per check whatever the
+number of ingresses (every `traefik.poll_interval` while converged, every 50 ms while behind
+or while a request waits to be served), plus one page of broken routers per interval.
+
+States per root: `converged`, `pending` (behind for at most `max_lag`), `frozen` (behind for
+longer while Traefik answers: its provider is stuck, usually on a key it cannot decode),
+`unreachable` (Traefik's API does not answer). A Traefik reads one root: once its beacon
+names a root, only that root is reported.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any, Literal
+
+from loguru import logger
+from prometheus_client import Gauge
+
+from ..errors import NotServedInTime, TraefikUnreachable
+from ..keys import IngressRef, KeyLayout
+from ..plan.observed import BeaconWrite, Observed
+from ..store.records import RecordStore
+from .api import TraefikApi
+from .decoder import decoder_problem
+
+State = Literal["converged", "pending", "frozen", "unreachable"]
+
+CONVERGED = Gauge("exporter_traefik_converged", "1 when Traefik has applied every commit under the root", ["root"])
+APPLIED = Gauge("exporter_traefik_applied_revision", "newest etcd revision whose keys Traefik has applied", ["root"])
+LAG = Gauge("exporter_traefik_lag_seconds", "how long Traefik has been behind etcd (0 when converged)", ["root"])
+BLOCKING = Gauge("exporter_traefik_blocking_keys", "keys under the root Traefik's decoder would reject", ["root"])
+
+_FAST = 0.05
+_SCAN_EVERY = 1.0
+
+
+@dataclass
+class RootConvergence:
+    """What `/v1/convergence` reports for one root."""
+
+    root: str
+    state: State = "pending"
+    committed_revision: int = 0
+    applied_revision: int = 0
+    lag_seconds: float = 0.0
+    since: float = field(default_factory=time.time)
+    blocking_keys: list[str] = field(default_factory=list)
+    router_errors: list[dict[str, Any]] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON shape of `/v1/convergence` roots (`since` as RFC 3339, UTC)."""
+        return {
+            "root": self.root,
+            "state": self.state,
+            "committed_revision": self.committed_revision,
+            "applied_revision": self.applied_revision,
+            "lag_seconds": round(self.lag_seconds, 3),
+            "since": datetime.fromtimestamp(self.since, timezone.utc).isoformat(timespec="milliseconds"),
+            "blocking_keys": self.blocking_keys,
+            "router_errors": self.router_errors,
+        }
+
+
+class TraefikObserver:
+    """Follows one Traefik through its API; `roots()`, `served()`, `wait_served()` and `readiness()` report it."""
+
+    def __init__(
+        self, api: TraefikApi, layout: KeyLayout, observed: Observed, store: RecordStore, *,
+        max_lag: float = 30.0, poll_interval: float = 1.0,
+    ) -> None:
+        self.api = api
+        self._layout = layout
+        self._observed = observed
+        self._store = store
+        self._max_lag = max_lag
+        self._poll_interval = poll_interval
+        self._views: dict[str, RootConvergence] = {}
+        self._served_root: str | None = None
+        self._shown: str | None = None
+        self._unreachable_since: float | None = None
+        self._broken: list[dict[str, Any]] = []
+        self._last_poll = self._last_routers = self._last_scan = 0.0
+        self._checked = asyncio.Condition()
+        self._waiters = 0
+
+    # ----- the loop
+
+    async def run(self) -> None:
+        """Check Traefik whenever it is due, until cancelled."""
+        try:
+            while True:
+                now = time.monotonic()
+                if now - self._last_poll >= (_FAST if self._behind() else self._poll_interval):
+                    self._last_poll = now
+                    await self._poll(now)
+                await asyncio.sleep(_FAST)
+        finally:
+            await self.api.close()
+
+    def _behind(self) -> bool:
+        return self._waiters > 0 or any(v.state != "converged" for v in self._views.values()) or any(
+            (h := self._observed.beacon_history(v.root)) and h[-1].revision > v.applied_revision
+            for v in self._views.values()
+        )
+
+    async def _poll(self, now: float) -> None:
+        try:
+            self._shown = await self.api.beacon()
+            if now - self._last_routers >= self._poll_interval:
+                self._last_routers = now
+                self._broken = await self.api.broken_routers()
+            if self._unreachable_since is not None:
+                logger.info("Traefik's API at {} answers again", self.api.url)
+            self._unreachable_since = None
+        except TraefikUnreachable as exc:
+            if self._unreachable_since is None:
+                logger.warning("{}", exc.title)
+                self._unreachable_since = now
+        if self._shown is not None:
+            self._served_root = self._shown.partition(" ")[0]
+        self._update(now)
+        async with self._checked:
+            self._checked.notify_all()
+
+    # ----- states
+
+    def _written_roots(self) -> set[str]:
+        written = {self._layout.root(ref.authority) for ref in [*self._store.records, *self._store.tombstones]}
+        if self._served_root is None:
+            return written
+        return written & {self._served_root}
+
+    def _update(self, now: float) -> None:
+        roots = self._written_roots()
+        for gone in set(self._views) - roots:
+            del self._views[gone]
+            for gauge in (CONVERGED, APPLIED, LAG, BLOCKING):
+                gauge.remove(gone)
+        for root in sorted(roots):
+            view = self._views.setdefault(root, RootConvergence(root))
+            self._update_root(view, now)
+            CONVERGED.labels(root).set(1 if view.state == "converged" else 0)
+            APPLIED.labels(root).set(view.applied_revision)
+            LAG.labels(root).set(view.lag_seconds)
+            BLOCKING.labels(root).set(len(view.blocking_keys))
+
+    def _update_root(self, view: RootConvergence, now: float) -> None:
+        history = self._observed.beacon_history(view.root)
+        view.committed_revision = history[-1].revision if history else 0
+        if self._unreachable_since is None:
+            view.applied_revision = self._applied(view.root, history)
+        behind = [w for w in history if w.revision > view.applied_revision]
+        behind_since = behind[0].seen_at if behind else None
+        view.lag_seconds = now - behind_since if behind_since is not None else 0.0
+        state: State
+        if self._unreachable_since is not None:
+            state = "unreachable"
+        elif not history or behind_since is not None:
+            state = "frozen" if view.lag_seconds > self._max_lag else "pending"
+        else:
+            state = "converged"
+        if state != view.state:
+            logger.log("INFO" if state in ("converged", "pending") else "WARNING",
+                       "traefik {} on {} (committed {}, applied {})", state, view.root,
+                       view.committed_revision, view.applied_revision)
+            view.state, view.since = state, time.time()
+        self._scan(view, now)
+        view.router_errors = self._router_errors(view.root)
+
+    def _applied(self, root: str, history: list[BeaconWrite]) -> int:
+        shown_root, _, _token = (self._shown or "").partition(" ")
+        if shown_root != root:
+            return 0
+        for write in reversed(history):
+            if write.value == self._shown:
+                return write.revision
+        return 0  # older than anything this exporter has seen
+
+    def _scan(self, view: RootConvergence, now: float) -> None:
+        # Only while behind, and at most once a second: a full scan of the root's keys.
+        if view.state == "converged":
+            view.blocking_keys = []
+            return
+        if now - self._last_scan < _SCAN_EVERY:
+            return
+        self._last_scan = now
+        view.blocking_keys = blocking_keys(view.root, self._observed.under_root(view.root), self._layout, self._owned)
+
+    def _owned(self, ref: IngressRef) -> bool:
+        return ref in self._store.records
+
+    def _router_errors(self, root: str) -> list[dict[str, Any]]:
+        out = []
+        for router in self._broken:
+            name = str(router.get("name", "")).partition("@")[0]
+            ref = self._layout.owner_of_object(name)
+            if ref is not None and self._owned(ref) and self._layout.root(ref.authority) == root:
+                out.append({"router": name, "status": router.get("status"), "errors": list(router.get("error") or [])})
+        return sorted(out, key=lambda e: str(e["router"]))
+
+    # ----- views
+
+    def roots(self) -> list[RootConvergence]:
+        """Every observed root, by name."""
+        return [self._views[r] for r in sorted(self._views)]
+
+    def served(self, root: str, revision: int) -> bool:
+        """True when Traefik has applied `root` at `revision` or later."""
+        view = self._views.get(root)
+        return view is not None and view.state != "unreachable" and view.applied_revision >= revision
+
+    def router_errors_of(self, ref: IngressRef) -> list[dict[str, Any]]:
+        """Broken routers of one ingress, as Traefik reports them."""
+        view = self._views.get(self._layout.root(ref.authority))
+        name = self._layout.object_name(ref)
+        return [e for e in view.router_errors if e["router"] == name or e["router"].startswith(name + "_")] if view else []
+
+    async def wait_served(self, targets: Mapping[str, int], timeout: float) -> None:
+        """Until Traefik has applied each root at its revision; NotServedInTime after `timeout` s."""
+        self._waiters += 1
+        try:
+            async with self._checked:
+                await asyncio.wait_for(
+                    self._checked.wait_for(lambda: all(self.served(r, rev) for r, rev in targets.items())), timeout
+                )
+        except asyncio.TimeoutError:
+            raise self._not_served(targets) from None
+        finally:
+            self._waiters -= 1
+
+    def _not_served(self, targets: Mapping[str, int]) -> NotServedInTime:
+        root, revision = next((r, rev) for r, rev in sorted(targets.items()) if not self.served(r, rev))
+        view = self._views.get(root) or RootConvergence(root)
+        return NotServedInTime(
+            f"committed at revision {revision}, but Traefik has not served it yet ({view.state} on {root}); "
+            "the change stays committed",
+            {"committed_revision": revision, "applied_revision": view.applied_revision, "state": view.state,
+             "blocking_keys": view.blocking_keys},
+        )
+
+    def readiness(self) -> list[str]:
+        """Why Traefik does not serve what is committed, once that has lasted longer than `max_lag`."""
+        now = time.monotonic()
+        if self._unreachable_since is not None and now - self._unreachable_since > self._max_lag:
+            return ["traefik unreachable"]
+        reasons = []
+        for view in self.roots():
+            if view.state == "frozen":
+                blocked = f": blocked by key {view.blocking_keys[0]}" if view.blocking_keys else ""
+                reasons.append(f"traefik frozen on {view.root}{blocked}")
+        return reasons
+
+
+def blocking_keys(
+    root: str, keys: Mapping[str, tuple[str, int]], layout: KeyLayout, owned: Callable[[IngressRef], bool]
+) -> list[str]:
+    """Keys under `root` the exporter does not own and Traefik's decoder would reject, sorted."""
+    out = []
+    for key, (value, _mod) in keys.items():
+        if layout.is_root_owned(root, key):
+            continue
+        ref = layout.owner_of_key(key)
+        if ref is not None and owned(ref):
+            continue
+        if decoder_problem(root, key, value) is not None:
+            out.append(key)
+    return sorted(out)

@@ -1,0 +1,243 @@
+"""What the exporter says equals what Traefik serves: the observer, `?wait=served`, readiness (real etcd and Traefik)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+
+from exporter.daemon import Daemon
+from exporter.embedded import EmbeddedEtcd, EmbeddedTraefik, free_port, start_etcd, start_traefik
+from exporter.etcd.client import EtcdClient
+from tests.conftest import API_TOKEN, ROOT, settings_for
+from tests.helpers import AUTHORITY, Backend, eventually, serves, uid
+
+pytestmark = pytest.mark.integration
+MAX_LAG = 2.0
+SERVED_TIMEOUT = 3.0
+
+
+def _settings(etcd_url: str, traefik_api: str, **overrides: Any) -> dict[str, Any]:
+    return {
+        "records_prefix": f"{uid('conv')}/records",
+        "api": {"listen": f"127.0.0.1:{free_port()}", "token": API_TOKEN, "served_timeout": SERVED_TIMEOUT},
+        "control": {"listen": f"127.0.0.1:{free_port()}"},
+        "traefik": {"api_url": traefik_api, "max_lag": MAX_LAG, "poll_interval": 0.2},
+        **overrides,
+    }
+
+
+@pytest.fixture(scope="module")
+async def daemon(etcd: EmbeddedEtcd, traefik: EmbeddedTraefik) -> AsyncIterator[Daemon]:
+    """A daemon next to the session Traefik, observing it."""
+    running = Daemon(settings_for(etcd.url, **_settings(etcd.url, traefik.api)))
+    await running.start()
+    await running.reconciler.wait_synced(30)
+    yield running
+    await running.stop()
+
+
+class Client:
+    def __init__(self, daemon: Daemon, http: aiohttp.ClientSession) -> None:
+        self.api = f"http://{daemon.settings.api.listen}"
+        self.control = f"http://{daemon.settings.control.listen}"
+        self.http = http
+        self.pushed: dict[str, int] = {}
+
+    async def push(self, path: str, *ingresses: dict[str, Any], wait: bool = False) -> tuple[int, Any]:
+        query = "?wait=served" if wait else ""
+        headers = {"Authorization": f"Bearer {API_TOKEN}"}
+        async with self.http.post(f"{self.api}/v2/ingress/{path}{query}", json={"ingresses": list(ingresses)}, headers=headers) as resp:
+            text = await resp.text()
+            return resp.status, (await resp.json()) if text else None
+
+    async def upsert(self, iid: str, url: str, revision: int = 1, wait: bool = False) -> tuple[int, Any]:
+        body = {"authority": AUTHORITY, "id": iid, "revision": revision, "hosts": [f"{iid}.test"],
+                "upstream": {"servers": [{"url": url}]}}
+        self.pushed[iid] = revision
+        return await self.push("upsert", body, wait=wait)
+
+    async def remove(self, iid: str, wait: bool = False) -> tuple[int, Any]:
+        revision = self.pushed.pop(iid)
+        return await self.push("remove", {"authority": AUTHORITY, "id": iid, "revision": revision}, wait=wait)
+
+    async def convergence(self) -> dict[str, Any]:
+        async with self.http.get(f"{self.control}/v1/convergence") as resp:
+            assert resp.status == 200
+            data: dict[str, Any] = await resp.json()
+            return data
+
+    async def root(self) -> dict[str, Any]:
+        roots = (await self.convergence())["roots"]
+        assert [r["root"] for r in roots] == [ROOT], roots
+        root: dict[str, Any] = roots[0]
+        return root
+
+    async def readyz(self) -> tuple[int, list[str]]:
+        async with self.http.get(f"{self.control}/readyz") as resp:
+            return resp.status, (await resp.json())["reasons"]
+
+    async def metric(self, name: str) -> float | None:
+        async with self.http.get(f"{self.control}/metrics") as resp:
+            for line in (await resp.text()).splitlines():
+                if line.startswith(f'{name}{{root="{ROOT}"}}'):
+                    return float(line.rsplit(" ", 1)[1])
+        return None
+
+
+@pytest.fixture
+async def client(daemon: Daemon, http: aiohttp.ClientSession) -> AsyncIterator[Client]:
+    c = Client(daemon, http)
+    yield c
+    for iid in list(c.pushed):
+        await c.remove(iid)
+
+
+async def _converged(client: Client) -> bool:
+    root = await client.root()
+    return bool(root["state"] == "converged" and root["applied_revision"] == root["committed_revision"] > 0)
+
+
+async def test_converged_after_pushes_with_exact_revisions_status_and_metrics(
+    client: Client, traefik: EmbeddedTraefik, http: aiohttp.ClientSession, backends: list[Backend]
+) -> None:
+    backend = await Backend("conv").start()
+    backends.append(backend)
+    iid = uid()
+    assert (await client.upsert(iid, backend.url))[0] == 204
+    await eventually(lambda: _converged(client))
+    root = await client.root()
+    assert root["blocking_keys"] == [] and root["router_errors"] == [] and root["lag_seconds"] == 0
+    assert await serves(http, traefik.url("web"), f"{iid}.test", body="conv")
+    async with http.get(f"{client.api}/v2/ingress?authority={AUTHORITY}", headers={"Authorization": f"Bearer {API_TOKEN}"}) as resp:
+        entry = next(i for i in (await resp.json())["ingresses"] if i["id"] == iid)
+    assert entry["status"]["served"] is True and entry["status"]["errors"] == []
+    assert 0 < entry["status"]["committed_revision"] <= root["committed_revision"]
+    assert await client.metric("exporter_traefik_converged") == 1
+    assert await client.metric("exporter_traefik_applied_revision") == root["applied_revision"]
+    assert await client.readyz() == (200, [])
+
+
+async def test_wait_served_answers_once_traefik_serves_and_removal_once_it_no_longer_does(
+    client: Client, traefik: EmbeddedTraefik, http: aiohttp.ClientSession, backends: list[Backend]
+) -> None:
+    backend = await Backend("waited").start()
+    backends.append(backend)
+    for _ in range(3):
+        iid = uid()
+        assert (await client.upsert(iid, backend.url, wait=True))[0] == 204
+        # No polling: the very next request is served.
+        assert await serves(http, traefik.url("web"), f"{iid}.test", body="waited")
+        assert (await client.remove(iid, wait=True))[0] == 204
+        assert await serves(http, traefik.url("web"), f"{iid}.test", status=404)
+
+
+async def test_a_foreign_undecodable_key_freezes_traefik_is_named_and_clearing_it_converges(
+    client: Client, etcd_client: EtcdClient, traefik: EmbeddedTraefik, http: aiohttp.ClientSession, backends: list[Backend]
+) -> None:
+    backend = await Backend("blocked").start()
+    backends.append(backend)
+    before = uid()
+    assert (await client.upsert(before, backend.url, wait=True))[0] == 204
+    bad = f"{ROOT}/http/routers/foreign-{uid()}/priority"
+    await etcd_client.put(bad, "abc")
+    try:
+        iid = uid()
+        started = time.monotonic()
+        status, body = await client.upsert(iid, backend.url, wait=True)
+        assert status == 504 and body["type"] == "NotServedInTime", body
+        assert body["data"]["committed_revision"] > body["data"]["applied_revision"] > 0
+        assert body["data"]["state"] in ("pending", "frozen")
+        assert time.monotonic() - started >= SERVED_TIMEOUT
+        root = await eventually(lambda: _state_is(client, "frozen"), timeout=MAX_LAG + 5)
+        assert root["blocking_keys"] == [bad] and root["lag_seconds"] > MAX_LAG
+        status_code, reasons = await client.readyz()
+        assert status_code == 503 and f"traefik frozen on {ROOT}: blocked by key {bad}" in reasons
+        assert await serves(http, traefik.url("web"), f"{iid}.test", status=404)  # still the old snapshot
+        assert await serves(http, traefik.url("web"), f"{before}.test", body="blocked")
+    finally:
+        await etcd_client.delete(bad)
+    await eventually(lambda: _converged(client), timeout=20)
+    assert await serves(http, traefik.url("web"), f"{iid}.test", body="blocked")
+    assert await client.readyz() == (200, [])
+
+
+async def _state_is(client: Client, state: str) -> dict[str, Any] | None:
+    root = await client.root()
+    return root if root["state"] == state else None
+
+
+async def test_wait_served_without_a_traefik_is_refused_before_anything_is_written(
+    etcd: EmbeddedEtcd, etcd_client: EtcdClient, http: aiohttp.ClientSession
+) -> None:
+    blind = Daemon(settings_for(etcd.url, **{**_settings(etcd.url, "http://unused:1"), "traefik": {}}))
+    await blind.start()
+    try:
+        await blind.reconciler.wait_synced(30)
+        c = Client(blind, http)
+        revision = (await etcd_client.get(ROOT + "/_meta/owner"))
+        status, body = await c.upsert(uid(), "http://127.0.0.1:9", wait=True)
+        assert status == 400 and "traefik.api_url" in body["title"]
+        assert (await etcd_client.get(ROOT + "/_meta/owner")) == revision
+        assert await c.convergence() == {"traefik": None, "roots": []}
+        c.pushed.clear()
+    finally:
+        await blind.stop()
+
+
+async def test_traefik_stopped_is_unreachable_and_readiness_says_so_after_max_lag(
+    tmp_path: Path, etcd: EmbeddedEtcd, http: aiohttp.ClientSession
+) -> None:
+    own = start_traefik(tmp_path, etcd.url, ROOT, ["web"])
+    watcher = Daemon(settings_for(etcd.url, **_settings(etcd.url, own.api)))
+    await watcher.start()
+    c = Client(watcher, http)
+    try:
+        await watcher.reconciler.wait_synced(30)
+        assert (await c.upsert(uid(), "http://127.0.0.1:9", wait=True))[0] == 204
+        own.stop()
+        await eventually(lambda: _state_is(c, "unreachable"), timeout=5)
+        await eventually(lambda: _ready_reason(c, "traefik unreachable"), timeout=MAX_LAG + 5)
+    finally:
+        for iid in list(c.pushed):
+            await c.remove(iid)
+        await watcher.stop()
+        own.stop()
+
+
+async def _ready_reason(client: Client, reason: str) -> bool:
+    status, reasons = await client.readyz()
+    return status == 503 and any(r.startswith(reason) for r in reasons)
+
+
+async def test_etcd_stopped_while_idle_readiness_turns_503_in_time_and_back(tmp_path: Path, http: aiohttp.ClientSession) -> None:
+    etcd = start_etcd(tmp_path)
+    timeout = 1.0
+    settings = settings_for(etcd.url, etcd={"endpoints": [etcd.url], "timeout": timeout},
+                            api={"enabled": False}, control={"listen": f"127.0.0.1:{free_port()}"})
+    idle = Daemon(settings)
+    await idle.start()
+    control = f"http://{settings.control.listen}"
+    c = Client(idle, http)
+    c.control = control
+    try:
+        await eventually(lambda: _ready(c), timeout=30)
+        etcd.stop()
+        stopped = time.monotonic()
+        await eventually(lambda: _ready_reason(c, "etcd unreachable"), timeout=timeout + 5, interval=0.05)
+        took = time.monotonic() - stopped
+        assert took <= timeout + 2, f"/readyz said 503 after {took:.2f}s"
+        await asyncio.to_thread(etcd.restart)
+        await eventually(lambda: _ready(c), timeout=10)
+    finally:
+        await idle.stop()
+        etcd.stop()
+
+
+async def _ready(client: Client) -> bool:
+    return (await client.readyz())[0] == 200
