@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import os
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
@@ -14,7 +17,7 @@ from typing import Any, Iterator
 
 import aiohttp
 
-from exporter.embedded import EmbeddedEtcd, start_etcd
+from exporter.embedded import EmbeddedEtcd, free_port, start_etcd
 from exporter.ingress import Ingress
 from exporter.keys import KeyLayout
 from exporter.plan.observed import Observed
@@ -23,6 +26,8 @@ from exporter.render.renderer import Renderer
 from exporter.render.root_keys import generate_certificate
 from exporter.store.records import Record
 
+TOKEN = "bench-token"
+HEADERS = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"}
 ROOT_KEY = "traefik/worker_{authority}"
 RECORDS = "traefik-etcd-exporter/records"
 
@@ -112,3 +117,40 @@ def pct(values: list[float], q: float) -> float:
 
 async def runs(n: int, measure: Callable[[], Awaitable[float]]) -> list[float]:
     return [await measure() for _ in range(n)]
+
+
+def start_daemon(etcd_url: str, work: Path, **env: str) -> tuple[subprocess.Popen[bytes], str, str]:
+    """The daemon as a child on `etcd_url` (settings from `EXPORTER_*` in `env`); returns it, the API and control URLs."""
+    api, control = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
+    full = {**os.environ, "EXPORTER_API__TOKEN": TOKEN, "EXPORTER_API__LISTEN": api,
+            "EXPORTER_CONTROL__LISTEN": control, "EXPORTER_ETCD__ENDPOINTS": f'["{etcd_url}"]',
+            "EXPORTER_LOG__LEVEL": "WARNING", **env}
+    proc = subprocess.Popen([sys.executable, "-m", "exporter", "run"], env=full, cwd=work,
+                            stdout=subprocess.DEVNULL, stderr=open(work / "daemon.log", "ab"))
+    return proc, f"http://{api}", f"http://{control}"
+
+
+async def wait_up(session: aiohttp.ClientSession, base: str) -> None:
+    """Until the daemon's push API answers."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            async with session.get(f"{base}/v2/ingress?authority=none", headers=HEADERS) as resp:
+                if resp.status == 200:
+                    return
+        except aiohttp.ClientError:
+            pass
+        await asyncio.sleep(0.1)
+    raise RuntimeError("daemon did not come up")
+
+
+def body(records: list[Record]) -> bytes:
+    """An upsert request body of `records`."""
+    return ('{"ingresses":[' + ",".join(r.content for r in records) + "]}").encode()
+
+
+async def upsert(session: aiohttp.ClientSession, base: str, records: list[Record], query: str = "") -> None:
+    """One upsert request; raises unless it is answered 204."""
+    async with session.post(f"{base}/v2/ingress/upsert{query}", data=body(records), headers=HEADERS) as resp:
+        if resp.status != 204:
+            raise RuntimeError(f"upsert answered {resp.status}: {await resp.text()}")

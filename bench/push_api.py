@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -31,51 +29,17 @@ from bench.common import (  # noqa: E402
     median,
     pct,
     raw_write,
+    start_daemon,
     txn_round_trip,
+    upsert,
+    wait_up,
 )
-from exporter.embedded import free_port, start_traefik  # noqa: E402
-from exporter.store.records import Record  # noqa: E402
-
-TOKEN = "bench-token"
-HEADERS = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"}
-
-
-def start_daemon(etcd_url: str, work: Path) -> tuple[subprocess.Popen[bytes], str]:
-    api = f"127.0.0.1:{free_port()}"
-    env = {**os.environ, "EXPORTER_API__TOKEN": TOKEN, "EXPORTER_API__LISTEN": api,
-           "EXPORTER_CONTROL__LISTEN": f"127.0.0.1:{free_port()}", "EXPORTER_ETCD__ENDPOINTS": f'["{etcd_url}"]',
-           "EXPORTER_LOG__LEVEL": "WARNING"}
-    proc = subprocess.Popen([sys.executable, "-m", "exporter", "run"], env=env, cwd=work,
-                            stdout=subprocess.DEVNULL, stderr=open(work / "daemon.log", "ab"))
-    return proc, f"http://{api}"
-
-
-async def wait_up(session: aiohttp.ClientSession, base: str) -> None:
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            async with session.get(f"{base}/v2/ingress?authority=none", headers=HEADERS) as resp:
-                if resp.status == 200:
-                    return
-        except aiohttp.ClientError:
-            pass
-        await asyncio.sleep(0.1)
-    raise RuntimeError("daemon did not come up")
-
-
-def body(records: list[Record]) -> bytes:
-    return ('{"ingresses":[' + ",".join(r.content for r in records) + "]}").encode()
-
-
-async def upsert(session: aiohttp.ClientSession, base: str, records: list[Record]) -> None:
-    async with session.post(f"{base}/v2/ingress/upsert", data=body(records), headers=HEADERS) as resp:
-        if resp.status != 204:
-            raise RuntimeError(f"upsert answered {resp.status}: {await resp.text()}")
+from exporter.embedded import start_traefik  # noqa: E402
 
 
 async def latency(in_place: int, samples: int = 200) -> tuple[list[float], list[float]]:
     with fresh_etcd() as etcd, tempfile.TemporaryDirectory() as tmp:
-        proc, base = start_daemon(etcd.url, Path(tmp))
+        proc, base, _control = start_daemon(etcd.url, Path(tmp))
         try:
             async with aiohttp.ClientSession() as session:
                 await wait_up(session, base)
@@ -99,7 +63,7 @@ async def throughput(total: int = 5000, clients: int = 50) -> tuple[float, float
     records = make_records(total)
     per_ingress = len(exporter_keys(records[:100])) / 100
     with fresh_etcd() as etcd, tempfile.TemporaryDirectory() as tmp:
-        proc, base = start_daemon(etcd.url, Path(tmp))
+        proc, base, _control = start_daemon(etcd.url, Path(tmp))
         try:
             async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=clients)) as session:
                 await wait_up(session, base)
@@ -123,7 +87,7 @@ async def throughput(total: int = 5000, clients: int = 50) -> tuple[float, float
 async def push_to_served(n: int = 1000, clients: int = 50) -> float:
     with fresh_etcd() as etcd, tempfile.TemporaryDirectory() as tmp:
         traefik = start_traefik(Path(tmp), etcd.url, "traefik/worker_bench", ["web"])
-        proc, base = start_daemon(etcd.url, Path(tmp))
+        proc, base, _control = start_daemon(etcd.url, Path(tmp))
         try:
             async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=clients)) as session:
                 await wait_up(session, base)

@@ -14,6 +14,7 @@ import pytest
 from exporter.daemon import Daemon
 from exporter.embedded import EmbeddedEtcd, EmbeddedTraefik, free_port, start_etcd, start_traefik
 from exporter.etcd.client import EtcdClient
+from exporter.render.renderer import BUILTIN_TEMPLATES
 from tests.conftest import API_TOKEN, ROOT, settings_for
 from tests.helpers import AUTHORITY, Backend, eventually, serves, uid
 
@@ -241,3 +242,37 @@ async def test_etcd_stopped_while_idle_readiness_turns_503_in_time_and_back(tmp_
 
 async def _ready(client: Client) -> bool:
     return (await client.readyz())[0] == 200
+
+
+async def test_routers_traefik_disables_are_reported_with_its_error(
+    tmp_path: Path, etcd: EmbeddedEtcd, traefik: EmbeddedTraefik, http: aiohttp.ClientSession
+) -> None:
+    # A template whose routers use a middleware no provider defines: Traefik disables them.
+    builtin = (BUILTIN_TEMPLATES / "http.json.j2").read_text()
+    (tmp_path / "http.json.j2").write_text(
+        builtin.replace('"entryPoints": {{ entrypoints | json }}', '"entryPoints": {{ entrypoints | json }}, "middlewares": ["missing@file"]')
+    )
+    broken = Daemon(settings_for(etcd.url, **_settings(etcd.url, traefik.api), templates={"dir": str(tmp_path)}))
+    await broken.start()
+    c = Client(broken, http)
+    try:
+        await broken.reconciler.wait_synced(30)
+        iid = uid()
+        assert (await c.upsert(iid, "http://127.0.0.1:9", wait=True))[0] == 204
+        root = await eventually(lambda: _with_router_errors(c))
+        [error] = root["router_errors"]
+        assert error["router"] == f"{AUTHORITY}_{iid}" and error["status"] == "disabled"
+        assert any("missing@file" in text for text in error["errors"]), error
+        async with http.get(f"{c.api}/v2/ingress?authority={AUTHORITY}", headers={"Authorization": f"Bearer {API_TOKEN}"}) as resp:
+            entry = next(i for i in (await resp.json())["ingresses"] if i["id"] == iid)
+        assert entry["status"]["served"] is True
+        assert any("missing@file" in text and "disabled" in text for text in entry["status"]["errors"]), entry
+    finally:
+        for pushed in list(c.pushed):
+            await c.remove(pushed)
+        await broken.stop()
+
+
+async def _with_router_errors(client: Client) -> dict[str, Any] | None:
+    root = await client.root()
+    return root if root["router_errors"] else None

@@ -76,6 +76,11 @@ class EtcdClient:
         self._reachability = Reachability(None, None, time.monotonic())
         self._last_answer = 0.0
 
+    @property
+    def endpoint(self) -> str:
+        """The endpoint requests go to now (the next one is tried when it fails)."""
+        return self._endpoints[self._current]
+
     def reachability(self) -> Reachability:
         """What the last request said about etcd."""
         return self._reachability

