@@ -55,8 +55,8 @@ class Mirror:
         self._draining: asyncio.Task[None] | None = None
         self._watches: list[asyncio.Task[None]] = []
 
-    async def relist(self) -> int:
-        """Rebuild the mirror and the committed records from a paged read; returns its revision."""
+    async def relist(self) -> None:
+        """Rebuild the mirror and the committed records from a paged read."""
         roots = await self._etcd.range_prefix(self._layout.roots_prefix)
         records = await self._etcd.range_prefix(self._layout.records_dir, revision=roots.revision)
         self._observed.load(
@@ -67,7 +67,6 @@ class Mirror:
             self._store.set(ref, None)
         self._listed.set()
         logger.info("listed etcd at revision {}: {} records, {} keys", roots.revision, len(records.kvs), len(roots.kvs))
-        return roots.revision
 
     def adopt_record(self, key: str, value: str | None) -> IngressRef | None:
         """Take a record read from etcd (None: deleted) into the store; returns its ingress."""

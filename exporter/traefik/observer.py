@@ -172,6 +172,7 @@ class TraefikObserver:
                        "traefik {} on {} (committed {}, applied {})", state, view.root,
                        view.committed_revision, view.applied_revision)
             view.state, view.since = state, time.time()
+            self._last_scan = 0.0  # a new state gets a fresh report
         self._scan(view, now)
         view.router_errors = self._router_errors(view.root)
 

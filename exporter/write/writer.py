@@ -33,7 +33,6 @@ class ApplyResult:
     conflicted: list[UnitPlan] = field(default_factory=list)
     failed: list[UnitPlan] = field(default_factory=list)
     error: EtcdError | None = None
-    revision: int = 0
 
     def merge(self, other: ApplyResult) -> None:
         """Add another apply's results to this one."""
@@ -41,7 +40,6 @@ class ApplyResult:
         self.conflicted += other.conflicted
         self.failed += other.failed
         self.error = self.error or other.error
-        self.revision = max(self.revision, other.revision)
 
 
 class Writer:
@@ -148,13 +146,12 @@ class Writer:
 
     async def _commit_whole(self, txn: Txn, fence: Sequence[Compare], result: ApplyResult) -> None:
         try:
-            ok, revision = await self._send(txn, [*txn.compares, *fence])
+            ok, _revision = await self._send(txn, [*txn.compares, *fence])
         except EtcdError as exc:
             metrics.ETCD_ERRORS.inc()
             result.error = exc
             result.failed.extend(txn.units)
             return
-        result.revision = max(result.revision, revision)
         (result.committed if ok else result.conflicted).extend(txn.units)
 
     async def _commit_chunks(self, chunks: list[Txn], fence: Sequence[Compare], result: ApplyResult) -> None:
@@ -170,7 +167,6 @@ class Writer:
                 result.error = exc
                 result.failed.append(unit)
                 return
-                result.revision = max(result.revision, revision)
             if not ok:
                 result.conflicted.append(unit)
                 return

@@ -1,0 +1,125 @@
+"""The observer's states from what a (fake) Traefik API shows: converged, pending, frozen, unreachable."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+
+from exporter.errors import NotServedInTime, TraefikUnreachable
+from exporter.keys import IngressRef, KeyLayout
+from exporter.plan.observed import Observed
+from exporter.render.root_keys import beacon_value
+from exporter.store.records import RecordStore
+from exporter.traefik.api import TraefikApi
+from exporter.traefik.observer import TraefikObserver
+from tests.helpers import eventually, record
+
+LAYOUT = KeyLayout()
+ROOT = LAYOUT.root("test")
+MAX_LAG = 0.3
+
+
+class FakeApi(TraefikApi):
+    """Shows whatever beacon the test sets; `down` makes it unreachable."""
+
+    def __init__(self) -> None:
+        super().__init__("http://traefik.test")
+        self.shown: str | None = None
+        self.down = False
+
+    async def beacon(self) -> str | None:
+        if self.down:
+            raise TraefikUnreachable("Traefik's API at http://traefik.test does not answer: ClientConnectorError")
+        return self.shown
+
+    async def broken_routers(self) -> list[dict[str, Any]]:
+        return []
+
+
+class World:
+    def __init__(self) -> None:
+        self.api = FakeApi()
+        self.observed = Observed(LAYOUT)
+        self.store = RecordStore()
+        self.store.set(IngressRef("test", "a"), record("a", upstream={"servers": [{"url": "http://10.0.0.5:80"}]}))
+        self.observer = TraefikObserver(self.api, LAYOUT, self.observed, self.store, max_lag=MAX_LAG, poll_interval=0.05)
+
+    def commit(self, token: str, revision: int) -> str:
+        value = beacon_value(ROOT, token)
+        self.observed.set(LAYOUT.beacon_key(ROOT), value, revision)
+        return value
+
+    async def state(self, state: str) -> bool:
+        return [(v.root, v.state) for v in self.observer.roots()] == [(ROOT, state)]
+
+
+@pytest.fixture
+async def world() -> AsyncIterator[World]:
+    w = World()
+    task = asyncio.create_task(w.observer.run())
+    yield w
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_converged_when_traefik_shows_the_newest_beacon(world: World) -> None:
+    world.api.shown = world.commit("w.1", 10)
+    await eventually(lambda: world.state("converged"))
+    [view] = world.observer.roots()
+    assert (view.committed_revision, view.applied_revision, view.lag_seconds) == (10, 10, 0.0)
+    assert world.observer.served(ROOT, 10) and not world.observer.served(ROOT, 11)
+    assert world.observer.readiness() == []
+
+
+async def test_behind_is_pending_then_frozen_with_the_blocking_key_named(world: World) -> None:
+    world.api.shown = world.commit("w.1", 10)
+    await eventually(lambda: world.state("converged"))
+    world.commit("w.2", 12)
+    bad = f"{ROOT}/http/routers/other/priority"
+    world.observed.set(bad, "abc", 11)
+    await eventually(lambda: world.state("pending"))
+    await eventually(lambda: world.state("frozen"), timeout=MAX_LAG + 3)
+    [view] = world.observer.roots()
+    assert (view.committed_revision, view.applied_revision) == (12, 10) and view.lag_seconds > MAX_LAG
+    assert view.blocking_keys == [bad]
+    assert world.observer.readiness() == [f"traefik frozen on {ROOT}: blocked by key {bad}"]
+    world.api.shown = beacon_value(ROOT, "w.2")
+    await eventually(lambda: world.state("converged"))
+    assert world.observer.readiness() == []
+
+
+async def test_unreachable_traefik_turns_readiness_503_only_after_max_lag(world: World) -> None:
+    world.api.shown = world.commit("w.1", 10)
+    await eventually(lambda: world.state("converged"))
+    world.api.down = True
+    await eventually(lambda: world.state("unreachable"))
+    await eventually(lambda: _reasons(world, ["traefik unreachable"]), timeout=MAX_LAG + 3)
+    world.api.down = False
+    await eventually(lambda: world.state("converged"))
+
+
+async def test_a_traefik_serving_another_root_reports_none_of_ours(world: World) -> None:
+    world.commit("w.1", 10)
+    world.api.shown = beacon_value("traefik/worker_other", "x.9")
+    await eventually(lambda: _no_roots(world))
+
+
+async def test_wait_served_times_out_with_how_far_traefik_got(world: World) -> None:
+    world.api.shown = world.commit("w.1", 10)
+    world.commit("w.2", 12)
+    with pytest.raises(NotServedInTime) as info:
+        await world.observer.wait_served({ROOT: 12}, timeout=0.3)
+    assert info.value.data == {"committed_revision": 12, "applied_revision": 10, "state": "pending", "blocking_keys": []}
+    world.api.shown = beacon_value(ROOT, "w.2")
+    await world.observer.wait_served({ROOT: 12}, timeout=2)
+
+
+async def _reasons(world: World, reasons: list[str]) -> bool:
+    return world.observer.readiness() == reasons
+
+
+async def _no_roots(world: World) -> bool:
+    return world.observer.roots() == []
