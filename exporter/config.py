@@ -101,6 +101,9 @@ class ApiSettings(_Server):
     listen: str = Field(default="127.0.0.1:8570", description="host:port of the push API")
     token_file: Path | None = Field(default=None, description="file holding the bearer token")
     token: SecretStr | None = Field(default=None, description="the bearer token itself (use EXPORTER_API__TOKEN)")
+    jwt_secret_file: Path | None = Field(
+        default=None, description="file holding the HS256 secret of accepted `Authorization: Bearer <JWT>` tokens"
+    )
     max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024, description="larger request bodies get 413")
     allow_unauthenticated_loopback: bool = Field(
         default=False, description="serve the push API without a token (only on a loopback address)"
@@ -264,6 +267,11 @@ class Settings(BaseSettings):
         path = self.traefik.password_file
         return read_secret(path, "traefik.password_file") if path is not None else None
 
+    def api_jwt_secret(self) -> str | None:
+        """The secret JWTs are verified with (`api.jwt_secret_file`)."""
+        path = self.api.jwt_secret_file
+        return read_secret(path, "api.jwt_secret_file") if path is not None else None
+
     def api_token(self) -> str | None:
         """The push API token from `api.token` (env) or `api.token_file`."""
         return _secret(self.api.token, self.api.token_file, "api.token_file")
@@ -327,6 +335,7 @@ def _resolve_paths(settings: Settings, base: Path) -> Settings:
         settings.templates.dir = rel(settings.templates.dir) or settings.templates.dir
     if settings.api.token_file is not None:
         settings.api.token_file = rel(settings.api.token_file) or settings.api.token_file
+    settings.api.jwt_secret_file = rel(settings.api.jwt_secret_file) or settings.api.jwt_secret_file
     for name in ("ca_file", "cert_file", "key_file", "password_file"):
         value = getattr(settings.etcd, name)
         setattr(settings.etcd, name, rel(value) or value)

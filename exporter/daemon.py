@@ -178,8 +178,8 @@ class Daemon:
         api = self.settings.api
         if not api.enabled:
             return None
-        token = self.settings.api_token()
-        if token is None:
+        token, jwt_secret = self.settings.api_token(), self.settings.api_jwt_secret()
+        if token is None and jwt_secret is None:
             if not (api.allow_unauthenticated_loopback and is_loopback(api.listen)):
                 raise ConfigError(
                     "api: no token configured (api.token_file or EXPORTER_API__TOKEN); to serve the push API "
@@ -188,7 +188,8 @@ class Daemon:
                 )
             logger.warning("push API on {} accepts requests without a token (loopback only)", api.listen)
         return push_api_app(
-            self.reconciler, token=token, max_body_bytes=api.max_body_bytes, ready=self._accepting, serving=self.serving
+            self.reconciler, token=token, jwt_secret=jwt_secret, max_body_bytes=api.max_body_bytes,
+            ready=self._accepting, serving=self.serving,
         )
 
     async def start(self) -> None:

@@ -117,19 +117,22 @@ async def http() -> AsyncIterator[aiohttp.ClientSession]:
 
 
 API_TOKEN = "test-token-7f3a9c"
+JWT_SECRET = "test-jwt-secret-41c2e8-long-enough-for-hs256-keys"
 API_RECORDS = "apitest/records"
 API_MAX_BODY = 64 * 1024
 
 
 @pytest.fixture(scope="session")
-async def api_daemon(etcd: EmbeddedEtcd, traefik: EmbeddedTraefik) -> AsyncIterator[Daemon]:
-    """A whole daemon in-process: push API (token, 64 KiB body limit) and control server."""
+async def api_daemon(etcd: EmbeddedEtcd, traefik: EmbeddedTraefik, workdir: Path) -> AsyncIterator[Daemon]:
+    """A whole daemon in-process: push API (token, JWT secret, 64 KiB body limit) and control server."""
     from exporter.embedded import free_port
 
+    (workdir / "jwt-secret").write_text(JWT_SECRET)
     settings = settings_for(
         etcd.url,
         records_prefix=API_RECORDS,
-        api={"listen": f"127.0.0.1:{free_port()}", "token": API_TOKEN, "max_body_bytes": API_MAX_BODY},
+        api={"listen": f"127.0.0.1:{free_port()}", "token": API_TOKEN, "max_body_bytes": API_MAX_BODY,
+             "jwt_secret_file": str(workdir / "jwt-secret")},
         control={"listen": f"127.0.0.1:{free_port()}"},
     )
     daemon = Daemon(settings)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -401,3 +402,26 @@ async def test_tombstones_expire_after_their_ttl(etcd: EmbeddedEtcd) -> None:
 
 async def _gone(client: EtcdClient, key: str, rec: Any, passes: int) -> bool:
     return rec.status.full_passes > passes and await client.get(key) is None
+
+
+async def test_backendai_credentials_reach_the_real_server_and_wrong_ones_write_nothing(
+    api_daemon: Daemon, etcd_client: EtcdClient, http: aiohttp.ClientSession
+) -> None:
+    import jwt
+
+    from tests.conftest import JWT_SECRET
+
+    base = f"http://{api_daemon.settings.api.listen}"
+    iid = uid()
+    body = {"ingresses": [ing(iid)]}
+    before = await revision(etcd_client)
+    for header in ({"X-BackendAI-Token": "wrong"}, {"Authorization": "Bearer " + jwt.encode({"exp": 1}, JWT_SECRET)}):
+        async with http.post(f"{base}/v2/ingress/upsert", json=body, headers=header) as resp:
+            assert resp.status == 401 and (await resp.json())["title"] == "missing or wrong credentials"
+    assert await revision(etcd_client) == before
+    async with http.post(f"{base}/v2/ingress/upsert", json=body, headers={"X-BackendAI-Token": API_TOKEN}) as resp:
+        assert resp.status == 204, await resp.text()
+    token = jwt.encode({"sub": "coordinator", "exp": int(time.time()) + 60}, JWT_SECRET, algorithm="HS256")
+    async with http.post(f"{base}/v2/ingress/remove", json={"ingresses": [{"authority": AUTHORITY, "id": iid, "revision": 1}]},
+                         headers={"Authorization": f"Bearer {token}"}) as resp:
+        assert resp.status == 204, await resp.text()

@@ -8,7 +8,6 @@ carry a stack trace, an input value or a secret.
 
 from __future__ import annotations
 
-import hmac
 import ipaddress
 import json
 from collections.abc import Awaitable, Callable, Sequence
@@ -37,6 +36,7 @@ from ..keys import IngressRef
 from ..reconcile import Removal
 from ..store.records import Record, RecordStore
 from ..traefik.serving import Serving
+from .auth import Authenticator
 
 REQUESTS = Counter("exporter_api_requests_total", "push API requests by route and status", ["route", "status"])
 _Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -112,17 +112,17 @@ async def read_body(request: web.Request, model: type[M], max_body_bytes: int) -
 
 
 class PushApi:
-    """The handlers of the push API over one sink; `token` None means unauthenticated (loopback only).
+    """The handlers of the push API over one sink; `auth` is checked before anything else of a request is read.
 
     `serving` adds each stored ingress's status to the list and makes `?wait=served` work.
     """
 
     def __init__(
-        self, sink: IngressSink, *, token: str | None, max_body_bytes: int, ready: Callable[[], bool],
+        self, sink: IngressSink, *, auth: Authenticator, max_body_bytes: int, ready: Callable[[], bool],
         serving: Serving | None = None,
     ) -> None:
         self._sink = sink
-        self._expected = token.encode() if token is not None else None
+        self._auth = auth
         self._max_body_bytes = max_body_bytes
         self._ready = ready
         self._serving = serving
@@ -139,7 +139,7 @@ class PushApi:
     async def _guard(self, request: web.Request, handler: _Handler) -> web.StreamResponse:
         route = request.match_info.route.resource.canonical if request.match_info.route.resource else "unknown"
         try:
-            self._authenticate(request)
+            self._auth.check(request.headers)
             response = await handler(request)
         except ExporterError as exc:
             response = error_response(exc)
@@ -155,14 +155,6 @@ class PushApi:
             )
         REQUESTS.labels(route, str(response.status)).inc()
         return response
-
-    def _authenticate(self, request: web.Request) -> None:
-        # Before anything else of the request is read.
-        if self._expected is None:
-            return
-        scheme, _, given = request.headers.get("Authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(given.strip().encode(), self._expected):
-            raise Unauthorized("missing or wrong bearer token")
 
     def _check_ready(self) -> None:
         if not self._ready():
@@ -217,7 +209,8 @@ class PushApi:
 
 def push_api_app(
     sink: IngressSink, *, token: str | None, max_body_bytes: int, ready: Callable[[], bool] = lambda: True,
-    serving: Serving | None = None,
+    serving: Serving | None = None, jwt_secret: str | None = None,
 ) -> web.Application:
-    """The aiohttp application of the push API. `token` None means unauthenticated (loopback only)."""
-    return PushApi(sink, token=token, max_body_bytes=max_body_bytes, ready=ready, serving=serving).app()
+    """The aiohttp application of the push API. No token and no JWT secret means unauthenticated (loopback only)."""
+    auth = Authenticator(token, jwt_secret)
+    return PushApi(sink, auth=auth, max_body_bytes=max_body_bytes, ready=ready, serving=serving).app()
