@@ -86,6 +86,10 @@ def cmd_render(args: argparse.Namespace) -> int:
             out[key] = "<generated certificate>" if certificate.generated and "defaultCertificate" in key else value
     for record in records:
         out.update(renderer.render(record.ingress, content=record.content).kv)
+    for authority in sorted({r.key.authority for r in records}):
+        # Free-text authorities stay verbatim in keys; object names use a safe label (docs/ingress.md).
+        label = layout.object_label(authority)
+        print(f"# authority {authority!r}: root {layout.root(authority)}, object names {label}_<id>[_<suffix>]")
     for key in sorted(out):
         print(f"{key} = {out[key]}".replace("\n", "\\n"))
     return EXIT_OK

@@ -95,6 +95,22 @@ def _cidr(value: str) -> str:
 
 
 DnsLabel = Annotated[str, AfterValidator(_dns_label)]
+
+
+def _authority(value: str) -> str:
+    if not value:
+        raise ValueError("must not be empty")
+    if "/" in value:
+        raise ValueError("must not contain '/' (it is one segment of the etcd keys)")
+    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in value):
+        raise ValueError("must not contain control characters")
+    if len(value.encode()) > 253:
+        raise ValueError("must be at most 253 bytes")
+    return value
+
+
+# Backend.AI's authority is free text: kept verbatim in keys, mapped to a safe label in object names (keys.py).
+Authority = Annotated[StrictStr, AfterValidator(_authority)]
 HostName = Annotated[str, AfterValidator(_hostname)]
 UrlPath = Annotated[str, AfterValidator(_path)]
 EntryPoint = Annotated[str, AfterValidator(validate_entrypoint)]
@@ -331,7 +347,7 @@ class UpstreamTls(_Strict):
 class Ingress(_Strict):
     """One route: where traffic for some hosts/path goes, and how it is checked."""
 
-    authority: DnsLabel
+    authority: Authority
     id: DnsLabel
     revision: int = Field(ge=0, le=2**63 - 1)
     protocol: Literal["http", "tcp"] = "http"
@@ -414,11 +430,11 @@ class IngressFile(_Strict):
 
 
 class RemoveItem(_Strict):
-    """What a remove request names."""
+    """What a remove request names; without `revision` whatever is stored is removed."""
 
-    authority: DnsLabel
+    authority: Authority
     id: DnsLabel
-    revision: int = Field(ge=0, le=2**63 - 1)
+    revision: int | None = Field(default=None, ge=0, le=2**63 - 1)
 
 
 class RemoveRequest(_Strict):

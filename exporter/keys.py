@@ -1,14 +1,17 @@
 """Where everything lives in etcd, derived in one place: `KeyLayout`, and an ingress's identity, `IngressRef`.
 
-Under each root (one per authority, from the `root_key` template) the exporter owns the
-root keys below and every object named for one of its ingresses: `<authority>_<id>` or
-`<authority>_<id>_<suffix>`. Neither label may contain `_`, so an object name alone says
-which ingress it belongs to. Beside the roots: the records (`<records>/<authority>/<id>`),
+Under each root (one per authority, from the `root_key` template, the authority verbatim)
+the exporter owns the root keys below and every object named for one of its ingresses:
+`<label>_<id>` or `<label>_<id>_<suffix>`, where the label is the authority itself when it is
+a lowercase DNS label, and otherwise a safe label derived from it (`<sanitized>--<hash>`).
+Neither label nor id may contain `_`, so an object name alone says which ingress it belongs to. Beside the roots: the records (`<records>/<authority>/<id>`),
 the published health documents (`<health>/<authority>/<id>`) and the election key.
 """
 
 from __future__ import annotations
 
+import hashlib
+import re
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -24,6 +27,24 @@ BEACON_KEY = f"http/middlewares/{BEACON_NAME}/headers/customRequestHeaders/{BEAC
 ROOT_OWNED = frozenset({OWNER_KEY, CERT_KEY, KEY_KEY, BEACON_KEY})
 # Traefik's configuration kinds: the first segment of an object path under a root.
 _KINDS = frozenset({"http", "tcp", "udp"})
+# An authority used verbatim in object names: a lowercase DNS label, not all digits.
+_VERBATIM_RE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?\Z")
+_HASH_CHARS = 16
+
+
+def derived_label(authority: str) -> str:
+    """The object label of an authority that is not a lowercase DNS label: readable, and distinct per authority.
+
+    `<sanitized authority, at most 40 chars>--<first 16 hex of its SHA-256>`: `Worker_1` ->
+    `worker-1--<hash>`. The hash keeps two authorities that sanitize alike (`worker_1`,
+    `Worker-1`) apart.
+    """
+    sanitized = re.sub(r"[^a-z0-9]+", "-", authority.lower()).strip("-")[:40].strip("-") or "a"
+    return f"{sanitized}--{hashlib.sha256(authority.encode()).hexdigest()[:_HASH_CHARS]}"
+
+
+def _looks_derived(label: str) -> bool:
+    return label[-_HASH_CHARS - 2 : -_HASH_CHARS] == "--"
 
 
 class IngressRef(NamedTuple):
@@ -57,6 +78,8 @@ class KeyLayout:
     # Derived: the common prefix of every root (what the mirror lists and watches).
     roots_prefix: str = field(init=False)
     _root_depth: int = field(init=False)
+    # Derived labels met so far -> their authority (an object name is resolved back through it).
+    _derived: dict[str, str] = field(init=False, default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         records = self.records_prefix.rstrip("/")
@@ -89,19 +112,42 @@ class KeyLayout:
         """True for the sentinel and default-certificate keys of `root`."""
         return key.startswith(root + "/") and key[len(root) + 1 :] in ROOT_OWNED
 
-    @staticmethod
-    def object_name(ref: IngressRef) -> str:
+    def object_label(self, authority: str) -> str:
+        """The label that stands for `authority` in object names (the authority itself when it is a DNS label)."""
+        label = authority if _VERBATIM_RE.match(authority) and not authority.isdigit() else derived_label(authority)
+        if _looks_derived(label):
+            self._derived[label] = authority
+        return label
+
+    def object_key(self, ref: IngressRef) -> tuple[str, str]:
+        """(label, id): how an ingress's objects are indexed by name."""
+        return self.object_label(ref.authority), ref.id
+
+    def object_name(self, ref: IngressRef) -> str:
         """The base Traefik object name of an ingress (its other objects add `_<suffix>`)."""
-        return f"{ref.authority}_{ref.id}"
+        return f"{self.object_label(ref.authority)}_{ref.id}"
 
     @staticmethod
-    def owner_of_object(object_path: str) -> IngressRef | None:
-        """The ingress an object path (`.../http/routers/<name>`) is named for, by the naming rule."""
+    def object_key_of(object_path: str) -> tuple[str, str] | None:
+        """(label, id) an object path (`.../http/routers/<name>`) is named for, by the naming rule."""
         name = object_path.rsplit("/", 1)[-1]
         parts = name.split("_", 2)
         if len(parts) < 2 or not parts[0] or not parts[1]:
             return None
-        return IngressRef(parts[0], parts[1])
+        return parts[0], parts[1]
+
+    def owner_of_object(self, object_path: str) -> IngressRef | None:
+        """The ingress an object path is named for; None when its label stands for no authority met so far."""
+        named = self.object_key_of(object_path)
+        if named is None:
+            return None
+        label, ingress_id = named
+        authority = self._derived.get(label)
+        if authority is None:
+            if _looks_derived(label) or not _VERBATIM_RE.match(label):
+                return None
+            authority = label
+        return IngressRef(authority, ingress_id)
 
     def object_of(self, key: str) -> str | None:
         """The object path (`<root>/<kind>/<section>/<name>`) a key under a root belongs to."""

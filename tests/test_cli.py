@@ -12,6 +12,7 @@ from exporter.config import load_settings
 from exporter.daemon import build_reconciler
 from exporter.embedded import EmbeddedEtcd
 from exporter.etcd.client import EtcdClient
+from exporter.keys import KeyLayout
 from tests.helpers import (
     eventually,
     ingress_yaml,
@@ -50,11 +51,21 @@ def test_render_prints_keys_without_etcd(tmp_path: Path) -> None:
     assert "traefik/worker_cli/http/routers/cli_web1/rule = Host(`web1.test`)" in lines
     assert "traefik/worker_cli/_meta/owner = traefik-etcd-exporter" in lines
     assert "traefik/worker_cli/tls/stores/default/defaultCertificate/certFile = <generated certificate>" in lines
+    assert "# authority 'cli': root traefik/worker_cli, object names cli_<id>[_<suffix>]" in lines
+
+
+def test_render_shows_the_label_a_free_text_authority_maps_to(tmp_path: Path) -> None:
+    (tmp_path / "one.yaml").write_text(ingress_yaml("web1", 1, 8000, authority="Worker_1"))
+    out = run_cli("render", str(tmp_path / "one.yaml"))
+    assert out.returncode == 0, out.stderr
+    label = KeyLayout().object_label("Worker_1")
+    assert f"# authority 'Worker_1': root traefik/worker_Worker_1, object names {label}_<id>[_<suffix>]" in out.stdout
+    assert f"traefik/worker_Worker_1/http/routers/{label}_web1/rule = Host(`web1.test`)" in out.stdout
 
 
 def test_render_reports_every_bad_field_and_exits_1(tmp_path: Path) -> None:
     bad = tmp_path / "bad.yaml"
-    bad.write_text("ingresses:\n  - {authority: Cli, id: '1', revision: -1, upstream: {servers: []}}\n")
+    bad.write_text("ingresses:\n  - {authority: 'a/b', id: '1', revision: -1, upstream: {servers: []}}\n")
     out = run_cli("render", str(bad))
     assert out.returncode == 1
     for field in ("ingresses.0.authority", "ingresses.0.id", "ingresses.0.revision", "ingresses.0.upstream.servers.servers"):

@@ -48,3 +48,16 @@ def test_a_single_shared_root() -> None:
     layout = KeyLayout("traefik")
     assert layout.root("anything") == "traefik" and layout.roots_prefix == "traefik/"
     assert layout.owner_of_key("traefik/http/routers/a_b/rule") == IngressRef("a", "b")
+
+
+def test_free_text_authorities_get_distinct_safe_labels_and_dns_labels_stay_verbatim() -> None:
+    layout = KeyLayout()
+    assert layout.object_label("worker-1") == "worker-1"
+    labels = {a: layout.object_label(a) for a in ("worker_1", "Worker-1", "Worker_1", "worker 1", "0", "x" * 200)}
+    assert len(set(labels.values())) == len(labels)
+    for authority, label in labels.items():
+        assert label.split("--")[0] in ("worker-1", "0", "x" * 40) and len(label) <= 63
+        assert layout.owner_of_object(f"r/http/routers/{label}_svc") == IngressRef(authority, "svc")
+    assert layout.root("worker_1") == "traefik/worker_worker_1" and layout.object_name(IngressRef("worker_1", "c")) == f"{labels['worker_1']}_c"
+    # A derived-looking label nobody registered names no ingress (left alone as foreign).
+    assert KeyLayout().owner_of_object(f"r/http/routers/{labels['worker_1']}_svc") is None

@@ -37,7 +37,7 @@ def test_every_valid_ingress_renders_to_safe_keys(body: dict[str, Any]) -> None:
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(http_ingress(), st.sampled_from(["id", "host", "path", "authority"]), dangerous, st.integers(0, 5))
+@given(http_ingress(), st.sampled_from(["id", "host", "path"]), dangerous, st.integers(0, 5))
 def test_a_dangerous_character_anywhere_is_refused(body: dict[str, Any], field: str, char: str, at: int) -> None:
     def inject(text: str) -> str:
         pos = min(at, len(text))
@@ -45,8 +45,6 @@ def test_a_dangerous_character_anywhere_is_refused(body: dict[str, Any], field: 
 
     if field == "id":
         body["id"] = inject(body["id"])
-    elif field == "authority":
-        body["authority"] = inject(body["authority"])
     elif field == "host":
         body["hosts"] = [inject(body["hosts"][0])] + body["hosts"][1:]
     else:
@@ -54,6 +52,22 @@ def test_a_dangerous_character_anywhere_is_refused(body: dict[str, Any], field: 
         body["path_prefix"] = inject(body["path_prefix"]) if at else body["path_prefix"] + char
     with pytest.raises(ValidationError):
         Ingress.model_validate(body)
+
+
+@settings(max_examples=200, deadline=None)
+@given(http_ingress(), st.text(min_size=1, max_size=80).filter(lambda a: "/" not in a and a.isprintable()))
+def test_any_free_text_authority_stays_verbatim_in_keys_and_never_reaches_an_object_name(body: dict[str, Any], authority: str) -> None:
+    body["authority"] = authority
+    assume(len(authority.encode()) <= 253)
+    rendered = RENDERER.render(Ingress.model_validate(body))
+    assert rendered.root == f"traefik/worker_{authority}"
+    layout = KeyLayout()
+    label = layout.object_label(authority)
+    assert re.fullmatch(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?", label) and not label.isdigit()
+    for key in rendered.kv:
+        name = key[len(rendered.root) + 1 :].split("/")[2]
+        assert name.startswith(f"{label}_{body['id']}")
+        assert layout.owner_of_object(f"x/http/routers/{name}") == (authority, body["id"])
 
 
 @settings(max_examples=300, deadline=None)

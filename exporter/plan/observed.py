@@ -36,8 +36,8 @@ class Observed:
         self.keys: dict[str, tuple[str, int]] = {}
         # object path -> keys under it
         self._objects: dict[str, set[str]] = defaultdict(set)
-        # ingress -> object paths named for it
-        self._owners: dict[IngressRef, set[str]] = defaultdict(set)
+        # (label, id) -> object paths named for that ingress
+        self._owners: dict[tuple[str, str], set[str]] = defaultdict(set)
         self._beacons: dict[str, deque[BeaconWrite]] = defaultdict(lambda: deque(maxlen=_BEACON_HISTORY))
         self.revision = 0
 
@@ -53,7 +53,7 @@ class Observed:
             obj = self.layout.object_of(key)
             if obj is not None:
                 self._objects[obj].add(key)
-                owner = self.layout.owner_of_object(obj)
+                owner = self.layout.object_key_of(obj)
                 if owner is not None:
                     self._owners[owner].add(obj)
             return
@@ -66,7 +66,7 @@ class Observed:
         members.discard(key)
         if not members:
             del self._objects[obj]
-            owner = self.layout.owner_of_object(obj)
+            owner = self.layout.object_key_of(obj)
             if owner is not None:
                 self._owners[owner].discard(obj)
                 if not self._owners[owner]:
@@ -104,7 +104,7 @@ class Observed:
         """The observed objects under the ingress's root named for it, with their keys."""
         prefix = self.layout.root(ref.authority) + "/"
         out: dict[str, dict[str, tuple[str, int]]] = {}
-        for obj in self._owners.get(ref, ()):
+        for obj in self._owners.get(self.layout.object_key(ref), ()):
             if obj.startswith(prefix):
                 out[obj] = {k: self.keys[k] for k in self._objects[obj]}
         return out

@@ -106,15 +106,16 @@ class Planner:
     def _foreign(
         self, desired: Mapping[IngressRef, Record], observed: Observed, observed_records: Mapping[str, tuple[str, int]]
     ) -> list[str]:
-        known = set(desired) | self._recorded(observed_records)
-        roots = {self._layout.root(ref.authority) for ref in known}
+        named: dict[str, set[tuple[str, str]]] = {}
+        for ref in set(desired) | self._recorded(observed_records):
+            named.setdefault(self._layout.root(ref.authority), set()).add(self._layout.object_key(ref))
         foreign = []
-        for root in sorted(roots):
+        for root, owned in sorted(named.items()):
             for key in observed.under_root(root):
                 if self._layout.is_root_owned(root, key):
                     continue
-                owner = self._layout.owner_of_key(key)
-                if owner is None or owner not in known or self._layout.root(owner.authority) != root:
+                obj = self._layout.object_of(key)
+                if obj is None or self._layout.object_key_of(obj) not in owned:
                     foreign.append(key)
         return sorted(foreign)
 

@@ -73,6 +73,7 @@ class Mirror:
         ref = self._layout.record_ref(key)
         if ref is None:
             return None
+        self._layout.object_label(ref.authority)  # its objects are now recognised by name
         if value is None:
             self._store.set(ref, None)
             return ref

@@ -41,10 +41,10 @@ class TxnLimits:
 
 @dataclass(frozen=True)
 class Removal:
-    """A remove request for one ingress."""
+    """A remove request for one ingress (without a revision: whatever is stored)."""
 
     ref: IngressRef
-    revision: int
+    revision: int | None = None
 
 
 class Reconciler:
@@ -133,7 +133,8 @@ class Reconciler:
         for removal in removes:
             stored = self._intents.desired(removal.ref)
             if stored is not None and classify_remove(stored, *removal.ref, removal.revision) == "apply":
-                changes.append((removal.ref, stored.removal(removal.revision, time.time())))
+                revision = removal.revision if removal.revision is not None else stored.revision
+                changes.append((removal.ref, stored.removal(revision, time.time())))
         return changes
 
     def mark_dirty(self, refs: Sequence[IngressRef], reason: str) -> None:

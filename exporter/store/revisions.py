@@ -35,11 +35,14 @@ def classify_upsert(stored: Record | None, incoming: Record) -> Literal["noop", 
     return "apply"
 
 
-def classify_remove(stored: Record | None, authority: str, ingress_id: str, revision: int) -> Literal["noop", "apply"]:
-    """`noop` for an unknown or already removed ingress; raise when the remove is older than what is stored."""
+def classify_remove(stored: Record | None, authority: str, ingress_id: str, revision: int | None) -> Literal["noop", "apply"]:
+    """`noop` for an unknown or already removed ingress; raise when the remove is older than what is stored.
+
+    A remove without a revision removes whatever is stored.
+    """
     if stored is None or stored.removed:
         return "noop"
-    if revision < stored.revision:
+    if revision is not None and revision < stored.revision:
         raise StaleRevisionError(
             f"ingress {authority}/{ingress_id}: remove at revision {revision} is older than the stored {stored.revision}",
             {"authority": authority, "id": ingress_id, "stored_revision": stored.revision},
