@@ -29,7 +29,7 @@ def _file_records(settings: Settings, extra: list[str]) -> list[Record]:
 
     records: dict[IngressRef, Record] = {}
     for path in expand(settings.sources.files + extra):
-        for record in load_ingress_file(path):
+        for record in load_ingress_file(path, settings.sources.max_file_bytes):
             if record.key in records:
                 raise ExporterError(f"{path}: ingress {record.key} is declared in two files")
             records[record.key] = record

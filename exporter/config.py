@@ -71,6 +71,9 @@ class SourcesSettings(_Section):
     files: list[str] = Field(
         default_factory=list, description="globs of ingress YAML files (relative to the config file), hot-reloaded"
     )
+    max_file_bytes: int = Field(
+        default=64 * 1024 * 1024, ge=1024, description="larger ingress files are refused (no bound on the count of ingresses)"
+    )
 
 
 class TemplatesSettings(_Section):

@@ -142,7 +142,7 @@ class Daemon:
         self.serving = Serving(
             layout, observed, lambda: self.reconciler.render_errors, self.observer, settings.api.served_timeout
         )
-        self.files = IngressFiles(settings.sources.files, self.reconciler)
+        self.files = IngressFiles(settings.sources.files, self.reconciler, settings.sources.max_file_bytes)
         self.stop_event = asyncio.Event()
         self.sources_applied = False
         self._stopping = False

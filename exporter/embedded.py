@@ -156,13 +156,14 @@ def traefik_static_args(etcd_url: str, root_key: str, entrypoints: dict[str, int
 
 
 def start_traefik(
-    workdir: Path, etcd_url: str, root_key: str, entrypoints: list[str], timeout: float = 30
+    workdir: Path, etcd_url: str, root_key: str, entrypoints: list[str], timeout: float = 30,
+    extra_args: list[str] | None = None,
 ) -> EmbeddedTraefik:
     """Start Traefik with the etcd provider on `root_key`, the recommended throttle and its API on loopback."""
     ports = {name: free_port() for name in entrypoints}
     api_port = free_port()
     log = workdir / "traefik.log"
-    args = [traefik_binary(), *traefik_static_args(etcd_url, root_key, {**ports, "traefik": api_port})]
+    args = [traefik_binary(), *traefik_static_args(etcd_url, root_key, {**ports, "traefik": api_port}), *(extra_args or [])]
     env = {k: v for k, v in os.environ.items() if not k.startswith("TRAEFIK_")}
     proc = subprocess.Popen(args, stdout=log.open("ab"), stderr=subprocess.STDOUT, env=env)
     traefik = EmbeddedTraefik(proc=proc, log=log, entrypoints=ports, api_port=api_port)

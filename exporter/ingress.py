@@ -15,6 +15,7 @@ from urllib.parse import urlsplit
 
 from pydantic import (
     AfterValidator,
+    AliasChoices,
     BaseModel,
     ConfigDict,
     Discriminator,
@@ -25,7 +26,9 @@ from pydantic import (
     StrictStr,
     Tag,
     ValidationError,
+    SerializerFunctionWrapHandler,
     field_validator,
+    model_serializer,
     model_validator,
 )
 
@@ -95,6 +98,9 @@ def _cidr(value: str) -> str:
 
 
 DnsLabel = Annotated[str, AfterValidator(_dns_label)]
+# A server's share of its group: an integer, or a ratio such as Backend.AI's traffic_ratio (0.7);
+# 0 sends it no traffic. Rendered as Traefik's integer weights (render/renderer.py).
+Weight = Annotated[Union[StrictInt, StrictFloat], Field(ge=0, le=1_000_000, allow_inf_nan=False)]
 
 
 def _authority(value: str) -> str:
@@ -169,7 +175,7 @@ class Server(_Strict):
     """One upstream server."""
 
     url: str = Field(max_length=512)
-    weight: int = Field(default=1, ge=0, le=1_000_000)
+    weight: Weight = 1
 
     @field_validator("url")
     @classmethod
@@ -222,7 +228,7 @@ class Instance(_Strict):
 
     name: DnsLabel
     url: str = Field(max_length=512)
-    weight: int = Field(default=1, ge=0, le=1_000_000)
+    weight: Weight = 1
     checks: InstanceChecks | None = None
 
     @field_validator("url")
@@ -310,15 +316,26 @@ class Canary(_Strict):
 
 
 class HealthCheck(_Strict):
-    """Active health check, with Backend.AI `ModelHealthCheck` names and defaults."""
+    """Active health check, with Backend.AI `ModelHealthCheck` names, defaults and range.
+
+    Every value `ModelHealthCheck` accepts is accepted (snake_case or its kebab-case aliases);
+    edge values get the meanings documented in docs/ingress.md (`max_retries: 0` ejects on
+    the first failure; an `interval` or `max_wait_time` below 0.1 s counts as 0.1 s).
+    """
 
     enable: bool = False
     path: UrlPath = "/health"
-    interval: float = Field(default=10.0, gt=0, le=3600)
-    max_retries: int = Field(default=10, ge=1, le=100)
-    max_wait_time: float = Field(default=15.0, gt=0, le=300)
-    expected_status_code: int = Field(default=200, ge=100, le=599)
-    initial_delay: float = Field(default=60.0, ge=0, le=86400)
+    interval: float = Field(default=10.0, allow_inf_nan=False)
+    max_retries: int = Field(default=10, validation_alias=AliasChoices("max_retries", "max-retries"))
+    max_wait_time: float = Field(
+        default=15.0, allow_inf_nan=False, validation_alias=AliasChoices("max_wait_time", "max-wait-time")
+    )
+    expected_status_code: int = Field(
+        default=200, gt=100, validation_alias=AliasChoices("expected_status_code", "expected-status-code")
+    )
+    initial_delay: float = Field(
+        default=60.0, ge=0, allow_inf_nan=False, validation_alias=AliasChoices("initial_delay", "initial-delay")
+    )
 
 
 class UpstreamTls(_Strict):
@@ -344,6 +361,59 @@ class UpstreamTls(_Strict):
         return value
 
 
+_MIDDLEWARE_REF_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,127}@[a-z0-9-]{1,63}\Z")
+_RESOLVER_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}\Z")
+_TLS_OPTIONS_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,127}(@[a-z0-9-]{1,63})?\Z")
+MAX_MIDDLEWARES = 16
+MAX_TLS_DOMAINS = 16
+
+
+def _middleware_ref(value: str) -> str:
+    if not _MIDDLEWARE_REF_RE.match(value):
+        raise ValueError("must be <name>@<provider> (e.g. cors@file): [A-Za-z0-9_-] then '@' and a lowercase provider")
+    return value
+
+
+def _resolver(value: str) -> str:
+    if not _RESOLVER_RE.match(value):
+        raise ValueError("must be a certificate resolver name of [A-Za-z0-9_-]")
+    return value
+
+
+def _tls_options(value: str) -> str:
+    if not _TLS_OPTIONS_RE.match(value):
+        raise ValueError("must be a TLS options name, optionally @<provider>")
+    return value
+
+
+class TlsDomain(_Strict):
+    """A certificate domain: `main` and its subject alternative names."""
+
+    main: HostName
+    sans: list[HostName] = Field(default_factory=list, max_length=MAX_HOSTS)
+
+
+class RouterTls(_Strict):
+    """TLS termination on the router: a certificate resolver, its domains, TLS options."""
+
+    cert_resolver: Annotated[StrictStr, AfterValidator(_resolver)] | None = None
+    domains: list[TlsDomain] = Field(default_factory=list, max_length=MAX_TLS_DOMAINS)
+    options: Annotated[StrictStr, AfterValidator(_tls_options)] | None = None
+
+
+class IpStrategy(_Strict):
+    """How the client IP is found behind load balancers: the `depth`-th address from the right of
+    X-Forwarded-For, skipping `excluded_ips` (Traefik's ipAllowList.ipStrategy)."""
+
+    depth: int = Field(default=0, ge=0, le=64)
+    excluded_ips: list[Cidr] = Field(default_factory=list, max_length=MAX_ALLOWED_IPS)
+
+
+# Fields added after records were first stored: left out of the canonical JSON while unset, so a
+# stored record keeps its exact bytes (no rewrite on upgrade).
+_OPTIONAL_LATER = ("tls", "middlewares", "allowed_client_ips_strategy")
+
+
 class Ingress(_Strict):
     """One route: where traffic for some hosts/path goes, and how it is checked."""
 
@@ -359,6 +429,19 @@ class Ingress(_Strict):
     health_check: HealthCheck = Field(default_factory=HealthCheck)
     allowed_client_ips: list[Cidr] | None = Field(default=None, min_length=1, max_length=MAX_ALLOWED_IPS)
     upstream_tls: UpstreamTls | None = None
+    tls: StrictBool | RouterTls | None = None
+    middlewares: list[Annotated[StrictStr, AfterValidator(_middleware_ref)]] | None = Field(
+        default=None, min_length=1, max_length=MAX_MIDDLEWARES
+    )
+    allowed_client_ips_strategy: IpStrategy | None = None
+
+    @model_serializer(mode="wrap")
+    def _canonical(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)
+        for name in _OPTIONAL_LATER:
+            if data.get(name) is None:
+                data.pop(name, None)
+        return data
 
     @field_validator("upstream", mode="before")
     @classmethod
@@ -391,8 +474,11 @@ class Ingress(_Strict):
             for upstream in (self.upstream, self.canary.upstream if self.canary else None):
                 if isinstance(upstream, ServersUpstream) and any(s.weight != 1 for s in upstream.servers):
                     raise ValueError("upstream: Traefik cannot weight tcp servers; use canary for a weighted split")
-            if self.upstream_tls is not None:
-                raise ValueError("upstream_tls: not supported for tcp ingresses")
+            for name in ("upstream_tls", "tls", "middlewares"):
+                if getattr(self, name) is not None:
+                    raise ValueError(f"{name}: not supported for tcp ingresses")
+        if self.allowed_client_ips_strategy is not None and self.allowed_client_ips is None:
+            raise ValueError("allowed_client_ips_strategy: needs allowed_client_ips")
         if len(set(self.hosts)) != len(self.hosts):
             raise ValueError("hosts: must be unique")
         return self
@@ -414,9 +500,9 @@ def _servers_of(ingress: Ingress) -> list[str]:
 
 
 class IngressFile(_Strict):
-    """The top-level shape of an ingress file and of an upsert request body."""
+    """The top-level shape of an ingress file (bounded by `sources.max_file_bytes`, not by a count)."""
 
-    ingresses: list[Ingress] = Field(max_length=MAX_INGRESSES_PER_REQUEST)
+    ingresses: list[Ingress]
 
     @field_validator("ingresses")
     @classmethod
@@ -427,6 +513,12 @@ class IngressFile(_Strict):
                 raise ValueError(f"ingress {ingress.authority}/{ingress.id} appears more than once")
             seen.add(ingress.key)
         return value
+
+
+class UpsertRequest(IngressFile):
+    """The body of `POST /v2/ingress/upsert`."""
+
+    ingresses: list[Ingress] = Field(max_length=MAX_INGRESSES_PER_REQUEST)
 
 
 class RemoveItem(_Strict):

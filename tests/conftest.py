@@ -36,9 +36,27 @@ def etcd(workdir: Path) -> Iterator[EmbeddedEtcd]:
     server.stop()
 
 
+# A middleware defined by Traefik's file provider, which ingresses may reference (`from-file@file`).
+FILE_MIDDLEWARES = """\
+http:
+  middlewares:
+    from-file:
+      headers:
+        customResponseHeaders:
+          X-From-File: "yes"
+"""
+
+
 @pytest.fixture(scope="session")
 def traefik(workdir: Path, etcd: EmbeddedEtcd) -> Iterator[EmbeddedTraefik]:
-    server = start_traefik(workdir, etcd.url, ROOT, ["web", "tcp"])
+    dynamic = workdir / "dynamic"
+    dynamic.mkdir()
+    (dynamic / "middlewares.yml").write_text(FILE_MIDDLEWARES)
+    # Clients behind a load balancer: X-Forwarded-For from loopback is trusted (ipStrategy tests).
+    server = start_traefik(
+        workdir, etcd.url, ROOT, ["web", "tcp"],
+        extra_args=[f"--providers.file.directory={dynamic}", "--entryPoints.web.forwardedHeaders.trustedIPs=127.0.0.1/32"],
+    )
     yield server
     server.stop()
 

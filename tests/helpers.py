@@ -124,8 +124,9 @@ class Backend:
 
 
 async def get_via(session: aiohttp.ClientSession, base_url: str, host: str, path: str = "/", **kwargs: Any) -> tuple[int, str]:
-    """One request through Traefik with the given Host header."""
-    async with session.get(base_url + path, headers={"Host": host}, **kwargs) as resp:
+    """One request through Traefik with the given Host header (`headers` replaces it, with more)."""
+    headers = kwargs.pop("headers", None) or {"Host": host}
+    async with session.get(base_url + path, headers=headers, **kwargs) as resp:
         return resp.status, await resp.text()
 
 

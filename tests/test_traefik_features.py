@@ -7,6 +7,7 @@ import ipaddress
 import ssl
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
@@ -16,7 +17,8 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
 from exporter.embedded import EmbeddedTraefik
-from tests.conftest import Ingresses
+from exporter.etcd.client import EtcdClient
+from tests.conftest import ROOT, Ingresses
 from tests.helpers import (
     AUTHORITY,
     Backend,
@@ -154,8 +156,8 @@ async def test_upstream_tls_verified_with_the_test_ca(ingresses: Ingresses, back
     assert await eventually(lambda: serves(http, web, f"{wrong_name}.test", status=500))
 
 
-async def _answers(http: aiohttp.ClientSession, web: str, host: str, path: str, body: str | None) -> bool:
-    status, text = await get_via(http, web, host, path)
+async def _answers(http: aiohttp.ClientSession, web: str, host: str, path: str, body: str | None, **kwargs: Any) -> bool:
+    status, text = await get_via(http, web, host, path, **kwargs)
     return status == 200 and (body is None or text == body)
 
 
@@ -194,3 +196,55 @@ def _tls_backend_context(tmp_path: Path, server_name: str) -> tuple[str, ssl.SSL
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     context.load_cert_chain(cert_path, key_path)
     return ca.public_bytes(serialization.Encoding.PEM).decode(), context
+
+
+async def test_router_tls_true_serves_https_with_the_default_certificate(
+    ingresses: Ingresses, backends: list[Backend], traefik: EmbeddedTraefik, http: aiohttp.ClientSession,
+    etcd_client: EtcdClient,
+) -> None:
+    backends.append(await Backend("secure").start())
+    iid = uid()
+    await ingresses.upsert(record(iid, tls=True, upstream={"servers": [{"url": backends[0].url}]}))
+    https = traefik.url("web").replace("http://", "https://")
+    no_verify = ssl.create_default_context()
+    no_verify.check_hostname, no_verify.verify_mode = False, ssl.CERT_NONE
+    await eventually(lambda: _answers(http, https, f"{iid}.test", "/", "secure", ssl=no_verify))
+    # The certificate Traefik presents is the default certificate the exporter wrote under the root.
+    stored = await etcd_client.get(f"{ROOT}/tls/stores/default/defaultCertificate/certFile")
+    assert stored is not None
+    port = traefik.entrypoints["web"]
+    presented = await asyncio.to_thread(ssl.get_server_certificate, ("127.0.0.1", port))
+    assert x509.load_pem_x509_certificate(presented.encode()) == x509.load_pem_x509_certificate(stored.value.encode())
+    # Without TLS on the router, plain HTTP on the same host is not routed to it.
+    assert await serves(http, traefik.url("web"), f"{iid}.test", status=404)
+
+
+async def test_a_middleware_from_the_file_provider_is_applied_after_the_exporters_own(
+    ingresses: Ingresses, backends: list[Backend], traefik: EmbeddedTraefik, http: aiohttp.ClientSession
+) -> None:
+    backends.append(await Backend("decorated").start())
+    iid = uid()
+    await ingresses.upsert(record(iid, middlewares=["from-file@file"], allowed_client_ips=["127.0.0.0/8"],
+                                  upstream={"servers": [{"url": backends[0].url}]}))
+    await eventually(lambda: _header(http, traefik.url("web"), f"{iid}.test", "X-From-File", "yes"))
+    router = await traefik_object(http, traefik.api, "http/routers", name_of(iid))
+    assert router is not None and router["middlewares"] == [f"{name_of(iid)}_allow@etcd", "from-file@file"]
+
+
+async def test_allow_list_ip_strategy_depth_reads_x_forwarded_for(
+    ingresses: Ingresses, backends: list[Backend], traefik: EmbeddedTraefik, http: aiohttp.ClientSession
+) -> None:
+    backends.append(await Backend("behind-lb").start())
+    iid = uid()
+    await ingresses.upsert(record(iid, allowed_client_ips=["10.1.2.3/32"], allowed_client_ips_strategy={"depth": 1},
+                                  upstream={"servers": [{"url": backends[0].url}]}))
+    web, host = traefik.url("web"), f"{iid}.test"
+    await eventually(lambda: _answers(http, web, host, "/", "behind-lb", headers={"Host": host, "X-Forwarded-For": "10.1.2.3"}))
+    assert await serves(http, web, host, status=403)  # the direct client (127.0.0.1) is not allowed
+    status, _ = await get_via(http, web, host, headers={"Host": host, "X-Forwarded-For": "10.9.9.9"})
+    assert status == 403
+
+
+async def _header(http: aiohttp.ClientSession, web: str, host: str, name: str, value: str) -> bool:
+    async with http.get(web, headers={"Host": host}) as resp:
+        return resp.status == 200 and resp.headers.get(name) == value

@@ -78,14 +78,19 @@ class CheckerKind(Protocol):
         ...
 
 
+# Edge values of Backend.AI's unbounded ModelHealthCheck (docs/ingress.md): probes no more often
+# than every 0.1 s, time out after at least 0.1 s, and eject after at least one failure.
+MIN_INTERVAL = MIN_TIMEOUT = 0.1
+
+
 def default_check(hc: HealthCheck, protocol: str) -> CheckConfig:
-    """The ingress's health_check block as a CheckConfig."""
+    """The ingress's health_check block as a CheckConfig (edge values given their documented meaning)."""
     return CheckConfig(
         type="tcp" if protocol == "tcp" else "http",
         path=hc.path,
-        interval=hc.interval,
-        timeout=hc.max_wait_time,
-        max_retries=hc.max_retries,
+        interval=max(hc.interval, MIN_INTERVAL),
+        timeout=max(hc.max_wait_time, MIN_TIMEOUT),
+        max_retries=max(hc.max_retries, 1),
         expected_status=hc.expected_status_code,
         initial_delay=hc.initial_delay,
     )

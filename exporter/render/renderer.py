@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import sys
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,7 @@ from ..ingress import (
     AiProxyMultiUpstream,
     Ingress,
     PluginUpstream,
+    RouterTls,
     ServersUpstream,
     field_errors,
 )
@@ -54,21 +56,52 @@ class RenderedIngress:
     kv: dict[str, str]
 
 
+def traefik_weights(weights: Sequence[int | float]) -> list[int]:
+    """Traefik's integer weights: integers stay; a group with a fractional weight is scaled by 1000 (0.7 -> 700)."""
+    if all(float(w).is_integer() for w in weights):
+        return [int(w) for w in weights]
+    return [round(w * 1000) for w in weights]
+
+
 def _group(upstream: ServersUpstream | AiProxyMultiUpstream | PluginUpstream, ejected: frozenset[str]) -> dict[str, Any]:
     if not isinstance(upstream, AiProxyMultiUpstream):
         servers = [s for s in upstream.servers if s.url not in ejected]
+        weighted = [{"url": s.url, "weight": w} for s, w in zip(servers, traefik_weights([s.weight for s in servers]), strict=True)]
         return {
             "kind": "servers",  # plugin kinds render as a plain load balancer too
-            "servers": [{"url": s.url, "weight": s.weight} for s in servers],
+            "servers": weighted,
             # Ready-made Traefik server lists, so templates need no loop (rendering is the hot path).
-            "lb_servers": [{"url": s.url, "weight": s.weight} for s in servers],
+            "lb_servers": weighted,
             # tcp://host:port -> host:port (the URL was validated: no path or credentials)
             "tcp_servers": [{"address": s.url.partition("://")[2].rstrip("/")} for s in servers],
         }
-    instances = [
-        {"name": i.name, "url": i.url, "weight": i.weight} for i in upstream.instances if i.url not in ejected
-    ]
+    live = [i for i in upstream.instances if i.url not in ejected]
+    weights = traefik_weights([i.weight for i in live])
+    instances = [{"name": i.name, "url": i.url, "weight": w} for i, w in zip(live, weights, strict=True)]
     return {"kind": upstream.kind, "instances": instances}
+
+
+def _router_tls(tls: bool | RouterTls | None) -> bool | dict[str, Any] | None:
+    """The router's `tls` section in Traefik's shape: True (default certificate), a section, or None."""
+    if tls is None or tls is False:
+        return None
+    if tls is True:
+        return True
+    section: dict[str, Any] = {}
+    if tls.cert_resolver:
+        section["certResolver"] = tls.cert_resolver
+    if tls.options:
+        section["options"] = tls.options
+    if tls.domains:
+        section["domains"] = [{"main": d.main, **({"sans": d.sans} if d.sans else {})} for d in tls.domains]
+    return section or True
+
+
+def _ip_strategy(ingress: Ingress) -> dict[str, Any] | None:
+    strategy = ingress.allowed_client_ips_strategy
+    if strategy is None:
+        return None
+    return {"depth": strategy.depth, **({"excludedIPs": strategy.excluded_ips} if strategy.excluded_ips else {})}
 
 
 def _environment(template_dir: Path | None) -> SandboxedEnvironment:
@@ -151,6 +184,9 @@ class Renderer:
             groups = [primary, canary]
         context = {
             "ingress": ingress.model_dump(mode="json"),
+            "middlewares": ([f"{name}_allow"] if ingress.allowed_client_ips else []) + (ingress.middlewares or []),
+            "router_tls": _router_tls(ingress.tls),
+            "ip_strategy": _ip_strategy(ingress),
             "name": name,
             "rule": http_rule(ingress.hosts, ingress.path_prefix) if ingress.protocol == "http" else tcp_rule(ingress.hosts),
             "entrypoints": ingress.entrypoints or self._default_entrypoints,

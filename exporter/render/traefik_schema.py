@@ -78,9 +78,15 @@ def _exactly_one(model: BaseModel, kind: str) -> None:
         raise ValueError(f"a {kind} needs exactly one of {', '.join(type(model).model_fields)}")
 
 
+class TlsDomain(_T):
+    main: ListStr
+    sans: list[ListStr] | None = Field(default=None, max_length=32)
+
+
 class RouterTls(_T):
     options: Ref | None = None
     certResolver: Ref | None = None
+    domains: list[TlsDomain] | None = Field(default=None, max_length=16)
 
 
 class HttpRouter(_T):
@@ -89,7 +95,8 @@ class HttpRouter(_T):
     entryPoints: list[ListStr] | None = Field(default=None, max_length=16)
     middlewares: list[Ref] | None = Field(default=None, max_length=32)
     priority: StrictInt | None = Field(default=None, ge=0, le=2**62)
-    tls: RouterTls | None = None
+    # `true`: TLS with the default certificate (Traefik reads a bare `tls` key as an empty section).
+    tls: RouterTls | Literal[True] | None = None
 
 
 class LbServer(_T):
@@ -134,8 +141,14 @@ class HttpService(_T):
         return self
 
 
+class IpStrategy(_T):
+    depth: StrictInt | None = Field(default=None, ge=0, le=64)
+    excludedIPs: list[ListStr] | None = Field(default=None, max_length=64)
+
+
 class IpAllowList(_T):
     sourceRange: list[ListStr] = Field(min_length=1, max_length=64)
+    ipStrategy: IpStrategy | None = None
 
 
 class StripPrefix(_T):

@@ -31,7 +31,7 @@ from ..errors import (
     UnsupportedMediaType,
     ValidationFailed,
 )
-from ..ingress import IngressFile, RemoveRequest, field_errors
+from ..ingress import RemoveRequest, UpsertRequest, field_errors
 from ..keys import IngressRef
 from ..reconcile import Removal
 from ..store.records import Record, RecordStore
@@ -177,7 +177,7 @@ class PushApi:
     async def upsert(self, request: web.Request) -> web.Response:
         """`POST /v2/ingress/upsert`: 204 once every ingress of the body is committed (`?wait=served`: and served)."""
         waiter = self._waiter(request)
-        body = await read_body(request, IngressFile, self._max_body_bytes)
+        body = await read_body(request, UpsertRequest, self._max_body_bytes)
         self._check_ready()
         await self._sink.submit([Record.of(ingress) for ingress in body.ingresses])
         if waiter is not None:

@@ -23,6 +23,7 @@ from ..keys import IngressRef
 from ..reconcile import Removal
 from ..store.records import Record
 
+DEFAULT_MAX_FILE_BYTES = 64 * 1024 * 1024
 # libyaml's parser when PyYAML has it: 10x faster on large files.
 _YAML_LOADER: type[yaml.SafeLoader] = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
@@ -35,10 +36,13 @@ class RecordSink(Protocol):
         ...
 
 
-def load_ingress_file(path: Path) -> list[Record]:
+def load_ingress_file(path: Path, max_bytes: int = DEFAULT_MAX_FILE_BYTES) -> list[Record]:
     """Parse and validate one ingress file; raise ExporterError naming the file and every field error."""
     source = f"file:{path}"
     try:
+        size = path.stat().st_size
+        if size > max_bytes:
+            raise ExporterError(f"{path}: {size} bytes is more than sources.max_file_bytes ({max_bytes}); split the file")
         data = yaml.load(path.read_text(), Loader=_YAML_LOADER) or {"ingresses": []}
     except (OSError, yaml.YAMLError) as exc:
         raise ExporterError(f"{path}: cannot read YAML: {exc}") from None
@@ -59,9 +63,10 @@ def expand(globs: list[str]) -> list[Path]:
 class IngressFiles:
     """Applies ingress files to a sink and keeps them applied as they change."""
 
-    def __init__(self, globs: list[str], sink: RecordSink) -> None:
+    def __init__(self, globs: list[str], sink: RecordSink, max_bytes: int = DEFAULT_MAX_FILE_BYTES) -> None:
         self._globs = globs
         self._sink = sink
+        self._max_bytes = max_bytes
         self.applied: dict[Path, dict[IngressRef, Record]] = {}
         self.errors: dict[Path, str] = {}
         # Files whose content is valid but could not be written (etcd down): retried.
@@ -87,7 +92,7 @@ class IngressFiles:
             await self._apply(path, {})
             return
         try:
-            records = {r.key: r for r in load_ingress_file(path)}
+            records = {r.key: r for r in load_ingress_file(path, self._max_bytes)}
         except ExporterError as exc:
             self.errors[path] = exc.title
             logger.error("{} (its last good content stays in force)", exc.title)
