@@ -154,6 +154,37 @@ class TraefikSettings(_Section):
         return value.rstrip("/") if value else value
 
 
+class DiscoverySettings(_Section):
+    """Registration in Backend.AI's service discovery (Redis/Valkey), so the AppProxy coordinator finds this worker."""
+
+    redis_url: str | None = Field(default=None, description="redis:// or rediss:// URL of the discovery Redis/Valkey (unset: no registration)")
+    password_file: Path | None = Field(default=None, description="file holding the Redis password")
+    service_group: str = Field(default="appproxy-worker", description="the service group the coordinator reads")
+    labels: dict[str, str] = Field(
+        default_factory=lambda: {"ingress-delivery-mode": "api"}, description="labels of the registration"
+    )
+    authorities: list[str] = Field(
+        default_factory=list, description="authorities this worker serves: label `authority` (comma-separated) and display name"
+    )
+    advertise: str | None = Field(default=None, description="host:port the coordinator calls (the push API as seen from it)")
+    ttl: int = Field(default=180, ge=3, le=86400, description="seconds the registration lives without a heartbeat")
+    heartbeat: float | None = Field(default=None, gt=0, description="seconds between heartbeats (default ttl / 3)")
+
+    @field_validator("redis_url")
+    @classmethod
+    def _redis_url(cls, value: str | None) -> str | None:
+        if value is not None and not re.match(r"^rediss?://[^\s]+\Z", value):
+            raise ValueError("must be a redis:// or rediss:// URL")
+        return value
+
+    @field_validator("advertise")
+    @classmethod
+    def _advertise(cls, value: str | None) -> str | None:
+        if value is not None and not _LISTEN_RE.match(value):
+            raise ValueError("must be host:port")
+        return value
+
+
 class HealthSettings(_Section):
     """The health engine."""
 
@@ -213,6 +244,7 @@ class Settings(BaseSettings):
     leader: LeaderSettings = Field(default_factory=LeaderSettings)
     tls: TlsSettings = Field(default_factory=TlsSettings)
     traefik: TraefikSettings = Field(default_factory=TraefikSettings)
+    discovery: DiscoverySettings = Field(default_factory=DiscoverySettings)
     log: LogSettings = Field(default_factory=LogSettings)
 
     @field_validator("root_key")
@@ -269,6 +301,11 @@ class Settings(BaseSettings):
         """The password of Traefik's API (`traefik.password_file`)."""
         path = self.traefik.password_file
         return read_secret(path, "traefik.password_file") if path is not None else None
+
+    def discovery_password(self) -> str | None:
+        """The discovery Redis password (`discovery.password_file`)."""
+        path = self.discovery.password_file
+        return read_secret(path, "discovery.password_file") if path is not None else None
 
     def api_jwt_secret(self) -> str | None:
         """The secret JWTs are verified with (`api.jwt_secret_file`)."""
@@ -346,6 +383,7 @@ def _resolve_paths(settings: Settings, base: Path) -> Settings:
         section.tls_cert_file = rel(section.tls_cert_file) or section.tls_cert_file
         section.tls_key_file = rel(section.tls_key_file) or section.tls_key_file
     settings.traefik.password_file = rel(settings.traefik.password_file) or settings.traefik.password_file
+    settings.discovery.password_file = rel(settings.discovery.password_file) or settings.discovery.password_file
     settings.tls.cert_file = rel(settings.tls.cert_file) or settings.tls.cert_file
     settings.tls.key_file = rel(settings.tls.key_file) or settings.tls.key_file
     return settings

@@ -14,9 +14,11 @@ from loguru import logger
 from watchfiles import awatch
 
 from .config import Settings
+from . import __version__
 from .control.convergence import convergence_routes
 from .control.healthcheck import healthcheck_routes
 from .control.server import control_app
+from .discovery import Discovery, registration_of
 from .errors import ConfigError, EtcdError
 from .etcd.client import EtcdClient, EtcdSecurity
 from .etcd.store import EtcdStore
@@ -112,6 +114,15 @@ def _observer(settings: Settings, layout: KeyLayout, observed: Observed, store: 
     return TraefikObserver(api, layout, observed, store, max_lag=t.max_lag, poll_interval=t.poll_interval)
 
 
+def _discovery(settings: Settings) -> Discovery | None:
+    d = settings.discovery
+    if d.redis_url is None:
+        return None
+    heartbeat = d.heartbeat if d.heartbeat is not None else d.ttl / 3
+    return Discovery(registration_of(settings, __version__), d.redis_url, password=settings.discovery_password(),
+                     ttl=d.ttl, heartbeat=heartbeat)
+
+
 class Daemon:
     """One exporter process: reconciler, health engine, leadership, sources, control server."""
 
@@ -143,6 +154,7 @@ class Daemon:
             layout, observed, lambda: self.reconciler.render_errors, self.observer, settings.api.served_timeout
         )
         self.files = IngressFiles(settings.sources.files, self.reconciler, settings.sources.max_file_bytes)
+        self.discovery = _discovery(settings)
         self.stop_event = asyncio.Event()
         self.sources_applied = False
         self._stopping = False
@@ -168,6 +180,8 @@ class Daemon:
         reasons += [f"ingress {ref}: {error.title}" for ref, error in sorted(self.reconciler.render_errors.items())]
         if self.observer is not None:
             reasons += self.observer.readiness()
+        if self.discovery is not None:
+            reasons += self.discovery.readiness()
         return reasons
 
     def _accepting(self) -> bool:
@@ -210,6 +224,8 @@ class Daemon:
         self._tasks.append(asyncio.create_task(self._probe_etcd(), name="etcd-probe"))
         if self.observer is not None:
             self._tasks.append(asyncio.create_task(self.observer.run(), name="traefik-observer"))
+        if self.discovery is not None:
+            self._tasks.append(asyncio.create_task(self.discovery.run(), name="discovery"))
         if self.settings.templates.dir is not None:
             self._tasks.append(asyncio.create_task(self._watch_templates(self.settings.templates.dir), name="templates"))
         if self.shared is not None:
@@ -272,6 +288,8 @@ class Daemon:
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self.discovery is not None:
+            await self.discovery.unregister()
         await self.health.stop()
         if self.leadership is not None:
             await self.leadership.resign()

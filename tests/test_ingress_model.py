@@ -12,6 +12,7 @@ from exporter.ingress import (
     MAX_SERVERS,
     Ingress,
     IngressFile,
+    ServersUpstream,
     RemoveRequest,
     field_errors,
 )
@@ -130,7 +131,11 @@ def test_server_url_needs_scheme_host_and_port(url: str) -> None:
 
 def test_server_weights_and_bounds() -> None:
     assert locs(upstream={"servers": [{"url": "http://a.test:80", "weight": -1}]}) == ["upstream.servers.servers.0.weight"]
-    assert locs(upstream={"servers": [{"url": "http://a.test:80", "weight": "1"}]}) == ["upstream.servers.servers.0.weight"]
+    assert {loc.rsplit(".", 1)[0] for loc in locs(upstream={"servers": [{"url": "http://a.test:80", "weight": "1"}]})} == {
+        "upstream.servers.servers.0.weight"
+    }
+    upstream = build(upstream={"servers": [{"url": "http://a.test:80", "weight": 0.7}]}).upstream
+    assert isinstance(upstream, ServersUpstream) and upstream.servers[0].weight == 0.7
     too_many = [{"url": f"http://10.0.{n // 250}.{n % 250}:80"} for n in range(MAX_SERVERS + 1)]
     assert locs(upstream={"servers": too_many}) == ["upstream.servers.servers"]
     assert locs(upstream={"servers": []}) == ["upstream.servers.servers"]
@@ -157,10 +162,19 @@ def test_allowed_client_ips_are_normalised() -> None:
 
 @pytest.mark.parametrize(
     ("field", "value"),
-    [("interval", 0), ("max_retries", 0), ("max_wait_time", -1), ("expected_status_code", 999), ("initial_delay", -1), ("path", "health"), ("enable", "maybe")],
+    [("expected_status_code", 100), ("initial_delay", -1), ("path", "health"), ("enable", "maybe"), ("interval", float("nan"))],
 )
 def test_health_check_fields(field: str, value: Any) -> None:
     assert locs(health_check={field: value}) == [f"health_check.{field}"]
+
+
+@pytest.mark.parametrize(
+    "check",
+    [{"interval": 7200}, {"interval": 0}, {"max_retries": 0}, {"max-retries": 0}, {"max_wait_time": -1},
+     {"expected-status-code": 999}, {"initial-delay": 0}, {"max-wait-time": 1.5}],
+)
+def test_every_value_backendai_model_health_check_accepts_is_accepted(check: dict[str, Any]) -> None:
+    assert build(health_check=check).health_check.enable is False
 
 
 def test_upstream_tls_needs_a_pem_and_a_host_name() -> None:
