@@ -23,7 +23,10 @@ def compose(path: Path) -> dict[str, Any]:
     return data
 
 
-@pytest.mark.parametrize("path", [COMPOSE / "docker-compose.yml", COMPOSE / "two-fleets" / "docker-compose.yml"])
+@pytest.mark.parametrize(
+    "path",
+    [COMPOSE / "docker-compose.yml", COMPOSE / "two-fleets" / "docker-compose.yml", COMPOSE / "backend-ai" / "docker-compose.yml"],
+)
 def test_compose_parses_pins_images_and_builds_the_dockerfile(path: Path) -> None:
     spec = compose(path)
     services = spec["services"]
@@ -58,6 +61,9 @@ def test_the_mounted_exporter_config_and_ingresses_validate(monkeypatch: pytest.
     assert settings.api_token() == "from-the-secret"
     for path in list((COMPOSE / "ingresses").glob("*.yaml")) + list((COMPOSE / "two-fleets").rglob("ingresses-*/*.yaml")):
         IngressFile.model_validate(yaml.safe_load(path.read_text()))
+    backend_ai = load_settings(COMPOSE / "backend-ai" / "exporter.yaml")
+    assert backend_ai.discovery.redis_url and backend_ai.discovery.advertise and backend_ai.traefik.api_url
+    assert "compose/backend-ai/secrets/" in (REPO / ".gitignore").read_text()
 
 
 def test_compose_traefik_and_the_test_traefik_agree() -> None:
