@@ -149,6 +149,13 @@ def body(records: list[Record]) -> bytes:
     return ('{"ingresses":[' + ",".join(r.content for r in records) + "]}").encode()
 
 
+async def put_in_place(session: aiohttp.ClientSession, base: str, n: int) -> None:
+    """`n` ingresses pushed 1,000 per request (the request bound)."""
+    records = make_records(n)
+    for i in range(0, n, 1000):
+        await upsert(session, base, records[i : i + 1000])
+
+
 async def upsert(session: aiohttp.ClientSession, base: str, records: list[Record], query: str = "") -> None:
     """One upsert request; raises unless it is answered 204."""
     async with session.post(f"{base}/v2/ingress/upsert{query}", data=body(records), headers=HEADERS) as resp:

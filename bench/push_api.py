@@ -28,6 +28,7 @@ from bench.common import (  # noqa: E402
     make_records,
     median,
     pct,
+    put_in_place,
     raw_write,
     start_daemon,
     txn_round_trip,
@@ -43,9 +44,7 @@ async def latency(in_place: int, samples: int = 200) -> tuple[list[float], list[
         try:
             async with aiohttp.ClientSession() as session:
                 await wait_up(session, base)
-                records = make_records(in_place)
-                for i in range(0, in_place, 1000):
-                    await upsert(session, base, records[i : i + 1000])
+                await put_in_place(session, base, in_place)
                 out = []
                 for s in range(samples):
                     change = make_records(1, revision=2 + s, port=9000 + s % 1000)

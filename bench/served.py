@@ -23,7 +23,16 @@ import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import fresh_etcd, make_records, median, pct, start_daemon, upsert, wait_up  # noqa: E402
+from bench.common import (  # noqa: E402
+    fresh_etcd,
+    make_records,
+    median,
+    pct,
+    put_in_place,
+    start_daemon,
+    upsert,
+    wait_up,
+)
 from exporter.embedded import start_traefik  # noqa: E402
 
 ROOT = "traefik/worker_bench"
@@ -60,9 +69,7 @@ async def one_run(in_place: int, samples: int) -> dict[str, float]:
         try:
             async with aiohttp.ClientSession() as session:
                 await wait_up(session, base)
-                records = make_records(in_place)
-                for i in range(0, in_place, 1000):
-                    await upsert(session, base, records[i : i + 1000])
+                await put_in_place(session, base, in_place)
                 await converged(session, control)
                 revisions = itertools.count(2)
                 for per_request in (1, 100):
