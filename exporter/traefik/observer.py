@@ -39,6 +39,8 @@ LAG = Gauge("exporter_traefik_lag_seconds", "how long Traefik has been behind et
 BLOCKING = Gauge("exporter_traefik_blocking_keys", "keys under the root Traefik's decoder would reject", ["root"])
 
 _FAST = 0.05
+# Behind for this long (or half of max_lag, when shorter) before blocking keys are looked for.
+_SCAN_AFTER = 1.0
 # While a request waits to be served: checks this often (a bounded 100 requests/s at most).
 _WAITED = 0.01
 _SCAN_EVERY = 1.0
@@ -189,8 +191,9 @@ class TraefikObserver:
         return 0  # older than anything this exporter has seen
 
     def _scan(self, view: RootConvergence, now: float) -> None:
-        # Only while behind, and at most once a second: a full scan of the root's keys.
-        if view.state == "converged":
+        # A full scan of the root's keys: only once Traefik has been behind for longer than an
+        # ordinary reload takes, and then at most once a second.
+        if view.state == "converged" or view.lag_seconds < min(_SCAN_AFTER, self._max_lag / 2):
             view.blocking_keys = []
             return
         if now - self._last_scan < _SCAN_EVERY:
