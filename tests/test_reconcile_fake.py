@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from exporter.errors import EtcdUnavailable, StaleRevisionError, TemplateError
+from exporter.errors import EtcdUnavailable, ExporterError, StaleRevisionError, TemplateError
 from exporter.etcd.types import Compare, Op
 from exporter.ingress import Ingress
 from exporter.keys import IngressRef, KeyLayout
@@ -255,3 +255,26 @@ async def _failed_fenced_txn(etcd: FakeEtcd) -> bool:
 
 async def _etcd_ok(rec: Reconciler) -> bool:
     return rec.status.etcd_ok
+
+
+class _FailsOnce:
+    """An ejection lookup with a bug that strikes once, at plan time."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def ejected(self, ref: IngressRef, ingress: Ingress) -> frozenset[str]:
+        self.calls += 1
+        if self.calls == 2:  # the first call is the admission render; the second, the plan
+            raise RuntimeError("a bug")
+        return frozenset()
+
+
+async def test_an_unexpected_error_fails_the_queued_request_and_the_loop_carries_on(etcd: FakeEtcd) -> None:
+    first, second = uid(), uid()
+    async with running(etcd, ejections=_FailsOnce()) as rec:
+        with pytest.raises(ExporterError) as info:
+            await rec.submit([record(first, upstream=UP)])
+        assert "internal error" in info.value.title
+        await rec.submit([record(second, upstream=UP)])
+        assert etcd.value(rule_key(second)) == f"Host(`{second}.test`)"

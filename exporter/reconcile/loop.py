@@ -23,6 +23,8 @@ from .inbox import Inbox
 from .intents import NOT_WRITTEN, Intents
 from .mirror import Mirror
 
+INTERNAL_ERROR = "internal error; see the exporter log"
+SHUTTING_DOWN = "the exporter is shutting down; nothing was written"
 _BACKOFF_MIN = 0.1
 _BACKOFF_MAX = 5.0
 
@@ -98,7 +100,7 @@ class Loop:
                 next_full = time.monotonic()  # retry now: re-list and reconcile everything
             except Exception:  # noqa: BLE001 - a bug must not silently stop every write
                 logger.exception("reconcile loop failed; re-listing and retrying in {:.1f}s", backoff)
-                self._intents.fail_queue(ExporterError("internal error; see the exporter log"))
+                self._intents.fail_queue(ExporterError(INTERNAL_ERROR))
                 self._inbox.relist_requested = True
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, _BACKOFF_MAX)
@@ -176,8 +178,12 @@ class Loop:
         batch = Batch(requested=Intents.groups(intents), wanted={i.ref: i.record for i in intents}, dirty=dirty)
         try:
             outcome = await self._committer.commit(batch)
+        except Exception:
+            # commit() turns etcd failures into its outcome: anything else is a bug.
+            self._intents.fail_all(intents, ExporterError(INTERNAL_ERROR))
+            raise
         except BaseException:
-            self._intents.fail_all(intents, EtcdUnavailable(NOT_WRITTEN))
+            self._intents.fail_all(intents, EtcdUnavailable(SHUTTING_DOWN))
             raise
         self._intents.resolve(intents, outcome)
         self._inbox.redo(outcome.redo)

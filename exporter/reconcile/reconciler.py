@@ -26,7 +26,7 @@ from ..write.writer import Writer
 from .commit import Committer
 from .inbox import Inbox
 from .intents import Intents, answered
-from .loop import Cadence, Loop, Status
+from .loop import SHUTTING_DOWN, Cadence, Loop, Status
 from .mirror import Mirror
 
 
@@ -108,7 +108,7 @@ class Reconciler:
         if self._task is not None:
             with contextlib.suppress(asyncio.CancelledError, asyncio.TimeoutError):
                 await asyncio.wait_for(self._task, timeout=10)
-        self._intents.fail_queue(EtcdUnavailable("the exporter is shutting down; nothing was written"))
+        self._intents.fail_queue(EtcdUnavailable(SHUTTING_DOWN))
 
     # ----- requests
 
