@@ -12,8 +12,8 @@ from pydantic import ValidationError
 
 from exporter.ingress import Ingress
 from exporter.keys import KeyLayout
-from exporter.render.renderer import Renderer
-from tests.strategies import dangerous, http_ingress, label
+from exporter.render.renderer import BUILTIN_TEMPLATES, Renderer
+from tests.strategies import cidr, dangerous, host, http_ingress, ipv4, label, port
 
 RENDERER = Renderer(KeyLayout(), ["web"])
 
@@ -80,3 +80,50 @@ def test_ids_are_accepted_exactly_when_they_are_lowercase_dns_labels_not_all_dig
     else:
         with pytest.raises(ValidationError):
             Ingress.model_validate(body)
+
+
+@pytest.fixture(scope="module")
+def jinja_renderer(tmp_path_factory: pytest.TempPathFactory) -> Renderer:
+    """The built-in templates taken through the Jinja2 path (an override that is a copy of them)."""
+    copies = tmp_path_factory.mktemp("builtin-copies")
+    for name in ("http.json.j2", "tcp.json.j2"):
+        (copies / name).write_text((BUILTIN_TEMPLATES / name).read_text())
+    return Renderer(KeyLayout(), ["web"], copies)
+
+
+@st.composite
+def any_ingress(draw: Any) -> dict[str, Any]:
+    body: dict[str, Any]
+    if draw(st.booleans()):
+        body = draw(http_ingress(authority=draw(st.sampled_from(["test", "Worker_1", "edge-2"]))))
+        if draw(st.booleans()):
+            body["tls"] = draw(st.one_of(st.just(True), st.just(False), st.builds(
+                lambda r, m: {"cert_resolver": r, "domains": [{"main": m, "sans": []}]}, st.sampled_from(["le", None]), host)))
+        if draw(st.booleans()):
+            body["middlewares"] = draw(st.lists(st.sampled_from(["cors@file", "auth@file", "x-y@kubernetes"]), min_size=1, max_size=3, unique=True))
+        if body.get("allowed_client_ips") and draw(st.booleans()):
+            body["allowed_client_ips_strategy"] = {"depth": draw(st.integers(0, 3)), "excluded_ips": draw(st.lists(cidr, max_size=2))}
+        if draw(st.booleans()):
+            for server in body["upstream"].get("servers", []):
+                server["weight"] = draw(st.floats(0, 10, allow_nan=False).map(lambda w: round(w, 3)))
+        return body
+    servers = draw(st.lists(st.tuples(ipv4, port), min_size=1, max_size=4, unique=True))
+    body = {"authority": "test", "id": draw(label.filter(lambda s: not s.isdigit())), "revision": 1, "protocol": "tcp",
+            "hosts": draw(st.lists(host, max_size=2, unique=True)),
+            "upstream": {"servers": [{"url": f"tcp://{ip}:{p}"} for ip, p in servers]}}
+    if draw(st.booleans()):
+        body["canary"] = {"weight": draw(st.integers(1, 99)), "upstream": {"servers": [{"url": f"tcp://{servers[0][0]}:1"}]}}
+    return body
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@given(any_ingress(), st.data())
+def test_the_fast_path_writes_exactly_the_keys_of_the_builtin_templates(
+    jinja_renderer: Renderer, body: dict[str, Any], data: st.DataObject
+) -> None:
+    ingress = Ingress.model_validate(body)
+    urls = sorted({s.url for g in (ingress.upstream, ingress.canary.upstream if ingress.canary else None) if g is not None
+                   for s in getattr(g, "servers", [])} | {i.url for i in getattr(ingress.upstream, "instances", [])})
+    ejected = frozenset(data.draw(st.lists(st.sampled_from(urls), unique=True))) if urls else frozenset()
+    fast, slow = RENDERER.render(ingress, ejected), jinja_renderer.render(ingress, ejected)
+    assert fast.kv == slow.kv and sorted(fast.objects) == sorted(slow.objects) and fast.root == slow.root

@@ -31,6 +31,7 @@ from ..ingress import (
     field_errors,
 )
 from ..keys import IngressRef, KeyLayout
+from . import builtin
 from .flatten import flatten
 from .rules import http_rule, tcp_rule
 from .traefik_schema import Fragment
@@ -146,12 +147,19 @@ class Renderer:
         self._env = _environment(template_dir)
         self._templates: dict[str, Template] = {}
         self._cache: OrderedDict[tuple[str, frozenset[str]], RenderedIngress] = OrderedDict()
+        self._builtin = self._builtin_protocols()
+
+    def _builtin_protocols(self) -> frozenset[str]:
+        # Protocols whose template is not overridden in templates.dir take the Python fast path.
+        d = self._template_dir
+        return frozenset(p for p in ("http", "tcp") if d is None or not (d / f"{p}.json.j2").exists())
 
     def reload(self) -> None:
         """Read the templates again and forget every cached render (the templates changed)."""
         self._env = _environment(self._template_dir)
         self._templates = {}
         self._cache.clear()
+        self._builtin = self._builtin_protocols()
 
     def render(self, ingress: Ingress, ejected: frozenset[str] = frozenset(), content: str | None = None) -> RenderedIngress:
         """Render `ingress` without the servers/instances whose URLs are in `ejected`.
@@ -194,20 +202,25 @@ class Renderer:
             "canary": canary,
             "groups": groups,
         }
+        if ingress.protocol in self._builtin:
+            data = builtin.fragment(context)
+        else:
+            data = _validated(self._template_text(template_name, context, ingress), template_name, name, ingress)
+        objects = [f"{proto}/{kind}/{obj}" for proto, section in data.items() for kind, objs in section.items() for obj in objs]
+        root = self._layout.root(ingress.authority)
+        return RenderedIngress(root=root, objects=tuple(objects), kv=flatten(data, root))
+
+    def _template_text(self, template_name: str, context: dict[str, Any], ingress: Ingress) -> str:
         try:
             template = self._templates.get(template_name)
             if template is None:
                 template = self._templates[template_name] = self._env.get_template(template_name)
-            text = template.render(context)
+            return template.render(context)
         except JinjaError as exc:
             raise TemplateError(
                 f"template {template_name} failed for {ingress.authority}/{ingress.id}: {exc}",
                 {"template": template_name},
             ) from None
-        data = _validated(text, template_name, name, ingress)
-        objects = [f"{proto}/{kind}/{obj}" for proto, section in data.items() for kind, objs in section.items() for obj in objs]
-        root = self._layout.root(ingress.authority)
-        return RenderedIngress(root=root, objects=tuple(objects), kv=flatten(data, root))
 
 
 def _validated(text: str, template_name: str, name: str, ingress: Ingress) -> dict[str, Any]:

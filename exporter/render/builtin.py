@@ -1,0 +1,100 @@
+"""The built-in templates (`templates/http.json.j2`, `templates/tcp.json.j2`) as plain Python.
+
+Rendering is the hot path of a bulk sync: the sandboxed Jinja2 template, parsing its JSON and
+validating it against the Traefik schema cost most of the CPU per ingress. For the built-in
+templates the same Traefik configuration is built here directly from the validated ingress
+(whose rules guarantee every value the schema would check). A property test proves both
+paths write identical keys for every generated ingress (tests/test_properties.py); a template
+overridden in `templates.dir` always takes the Jinja2 path with full validation.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def fragment(context: dict[str, Any]) -> dict[str, Any]:
+    """What the built-in template of the ingress's protocol renders to, after validation and `exclude_none`."""
+    ingress = context["ingress"]
+    if ingress["protocol"] == "tcp":
+        return {"tcp": _tcp(context)}
+    return {"http": _http(context, ingress)}
+
+
+def _canary_split(context: dict[str, Any]) -> dict[str, Any]:
+    name, primary, canary = context["name"], context["primary"], context["canary"]
+    return {"weighted": {"services": [
+        {"name": f"{name}_primary", "weight": primary["weight"]},
+        {"name": f"{name}_canary", "weight": canary["weight"]},
+    ]}}
+
+
+def _http(context: dict[str, Any], ingress: dict[str, Any]) -> dict[str, Any]:
+    name = context["name"]
+    router: dict[str, Any] = {
+        "rule": context["rule"], "service": name, "entryPoints": list(context["entrypoints"]),
+        "priority": 100 + len(ingress["path_prefix"]),
+    }
+    if context["middlewares"]:
+        router["middlewares"] = list(context["middlewares"])
+    if context["router_tls"]:
+        router["tls"] = context["router_tls"]
+    services: dict[str, Any] = {}
+    if context["canary"]:
+        services[name] = _canary_split(context)
+    transport = f"{name}_tls" if ingress["upstream_tls"] else None
+    for group in context["groups"]:
+        services.update(_http_group(group, transport))
+    http: dict[str, Any] = {"routers": {name: router}, "services": services}
+    if ingress["allowed_client_ips"]:
+        allow: dict[str, Any] = {"sourceRange": list(ingress["allowed_client_ips"])}
+        if context["ip_strategy"]:
+            allow["ipStrategy"] = context["ip_strategy"]
+        http["middlewares"] = {f"{name}_allow": {"ipAllowList": allow}}
+    if ingress["upstream_tls"]:
+        http["serversTransports"] = {f"{name}_tls": _transport(ingress["upstream_tls"])}
+    return http
+
+
+def _http_group(group: dict[str, Any], transport: str | None) -> dict[str, Any]:
+    service = group["service"]
+    if group["kind"] == "servers":
+        lb: dict[str, Any] = {"servers": [dict(s) for s in group["lb_servers"]], "passHostHeader": True}
+        if transport:
+            lb["serversTransport"] = transport
+        return {service: {"loadBalancer": lb}}
+    if not group["instances"]:
+        # every instance ejected: an empty load balancer answers 503
+        return {service: {"loadBalancer": {"servers": [], "passHostHeader": False}}}
+    out: dict[str, Any] = {service: {"weighted": {"services": [
+        {"name": f"{service}_i_{i['name']}", "weight": i["weight"]} for i in group["instances"]
+    ]}}}
+    for i in group["instances"]:
+        lb = {"servers": [{"url": i["url"]}], "passHostHeader": False}
+        if transport:
+            lb["serversTransport"] = transport
+        out[f"{service}_i_{i['name']}"] = {"loadBalancer": lb}
+    return out
+
+
+def _transport(tls: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if tls["server_name"]:
+        out["serverName"] = tls["server_name"]
+    if tls["ca_pem"]:
+        out["rootCAs"] = [tls["ca_pem"]]
+    out["insecureSkipVerify"] = tls["insecure_skip_verify"]
+    return out
+
+
+def _tcp(context: dict[str, Any]) -> dict[str, Any]:
+    name, ingress = context["name"], context["ingress"]
+    router: dict[str, Any] = {"rule": context["rule"], "service": name, "entryPoints": list(context["entrypoints"])}
+    if ingress["hosts"]:
+        router["tls"] = {"passthrough": True}
+    services: dict[str, Any] = {}
+    if context["canary"]:
+        services[name] = _canary_split(context)
+    for group in context["groups"]:
+        services[group["service"]] = {"loadBalancer": {"servers": [dict(s) for s in group["tcp_servers"]]}}
+    return {"routers": {name: router}, "services": services}
