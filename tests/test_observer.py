@@ -125,3 +125,32 @@ async def _reasons(world: World, reasons: list[str]) -> bool:
 
 async def _no_roots(world: World) -> bool:
     return world.observer.roots() == []
+
+
+async def test_the_api_client_uses_basic_auth_and_reads_the_beacon_case_insensitively() -> None:
+    from aiohttp import web
+
+    from exporter.embedded import free_port
+
+    async def beacon(request: web.Request) -> web.Response:
+        if request.headers.get("Authorization") != "Basic b3BzOnMzY3JldA==":  # ops:s3cret
+            return web.Response(status=401)
+        return web.json_response({"headers": {"customRequestHeaders": {"x-exporter-beacon": "traefik/worker_test w.3"}}})
+
+    app = web.Application()
+    app.router.add_get("/api/http/middlewares/exporter-beacon@etcd", beacon)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    port = free_port()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    good = TraefikApi(f"http://127.0.0.1:{port}", username="ops", password="s3cret")
+    wrong = TraefikApi(f"http://127.0.0.1:{port}", username="ops", password="wrong")
+    try:
+        assert await good.beacon() == "traefik/worker_test w.3"
+        with pytest.raises(TraefikUnreachable) as info:
+            await wrong.beacon()
+        assert "HTTP 401" in info.value.title and "wrong" not in info.value.title
+    finally:
+        await good.close()
+        await wrong.close()
+        await runner.cleanup()

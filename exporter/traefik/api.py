@@ -7,6 +7,7 @@ one page each), so the observer's load on Traefik does not grow with the ingress
 from __future__ import annotations
 
 import asyncio
+import base64
 from typing import Any
 
 import aiohttp
@@ -20,12 +21,17 @@ REQUESTS = Counter("exporter_traefik_requests_total", "requests to Traefik's API
 _PAGE = 100
 
 
+def basic_auth(username: str, password: str) -> str:
+    """The `Authorization` value of HTTP basic auth."""
+    return "Basic " + base64.b64encode(f"{username}:{password}".encode()).decode()
+
+
 class TraefikApi:
     """Reads Traefik's API at `url` (e.g. `http://127.0.0.1:8080`), with basic auth when given."""
 
     def __init__(self, url: str, *, username: str | None = None, password: str | None = None, timeout: float = 2.0) -> None:
         self.url = url.rstrip("/")
-        self._auth = aiohttp.BasicAuth(username, password or "") if username else None
+        self._headers = {"Authorization": basic_auth(username, password or "")} if username else {}
         self._timeout = aiohttp.ClientTimeout(total=timeout)
         self._session: aiohttp.ClientSession | None = None
 
@@ -38,7 +44,7 @@ class TraefikApi:
     async def _get(self, path: str, what: str) -> Any:
         """The JSON at `path`, or None for 404; TraefikUnreachable for anything else that is not 200."""
         if self._session is None or self._session.closed:
-            self._session = aiohttp.ClientSession(timeout=self._timeout, auth=self._auth)
+            self._session = aiohttp.ClientSession(timeout=self._timeout, headers=self._headers)
         REQUESTS.labels(what).inc()
         try:
             async with self._session.get(self.url + path) as resp:
