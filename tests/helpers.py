@@ -47,20 +47,6 @@ async def eventually(check: Callable[[], Awaitable[T | None]], timeout: float = 
         await asyncio.sleep(interval)
 
 
-def poll_until(check: Callable[[], bool], timeout: float, interval: float = 0.2) -> None:
-    """Synchronous `eventually`: call `check` until it returns True or raise at the deadline."""
-    deadline = time.monotonic() + timeout
-    last: BaseException | None = None
-    while time.monotonic() < deadline:
-        try:
-            if check():
-                return
-        except (AssertionError, OSError) as exc:
-            last = exc
-        time.sleep(interval)
-    raise AssertionError(f"condition not met in {timeout}s: {last!r}")
-
-
 def uid(prefix: str = "t") -> str:
     """A unique DNS label for test isolation."""
     return f"{prefix}{uuid.uuid4().hex[:10]}"

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
-import socket
+import select
+import shutil
 import subprocess
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,20 +31,31 @@ class RedisServer:
         return f"redis://127.0.0.1:{self.port}/0"
 
     def start(self, timeout: float = 10) -> RedisServer:
-        """Start (again) on the same port, empty: no persistence, like a restarted cache."""
+        """Start (again) on the same port, empty: no persistence, like a restarted cache.
+
+        Returns once redis-server says it accepts connections (its own log line, read as it is written).
+        """
         args = [redis_binary(), "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
-        self.proc = subprocess.Popen(args, stdout=self.log.open("ab"), stderr=subprocess.STDOUT)
+        # Unbuffered: select() then sees exactly what readline() has not consumed yet.
+        self.proc = proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, bufsize=0)
+        assert proc.stdout is not None
         deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.5) as sock:
-                    sock.sendall(b"PING\r\n")
-                    if sock.recv(16).startswith(b"+PONG"):
-                        return self
-            except OSError:
-                pass
-            time.sleep(0.05)
+        with self.log.open("ab") as log:
+            while (left := deadline - time.monotonic()) > 0 and select.select([proc.stdout], [], [], left)[0]:
+                line = proc.stdout.readline()
+                log.write(line)
+                if not line:
+                    break  # exited
+                if b"Ready to accept connections" in line:
+                    # Keep draining its output so it never blocks on a full pipe.
+                    threading.Thread(target=self._drain, args=(proc,), daemon=True).start()
+                    return self
         raise RuntimeError(f"redis-server did not start; see {self.log}")
+
+    def _drain(self, proc: subprocess.Popen[bytes]) -> None:
+        assert proc.stdout is not None
+        with self.log.open("ab") as log:
+            shutil.copyfileobj(proc.stdout, log)
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:

@@ -6,13 +6,14 @@ import re
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
 import yaml
 
 from exporter.config import load_settings
 from exporter.embedded import TRAEFIK_THROTTLE, traefik_static_args
 from exporter.ingress import IngressFile
-from tests.helpers import poll_until
+from tests.helpers import eventually, serves
 
 REPO = Path(__file__).resolve().parent.parent
 COMPOSE = REPO / "compose"
@@ -89,7 +90,7 @@ def test_dockerfile_is_small_non_root_with_a_healthcheck_and_no_test_extras() ->
     assert {"tests", ".venv", "bench"} <= set(ignored)
 
 
-def test_the_compose_stack_routes_a_request_through_traefik() -> None:
+async def test_the_compose_stack_routes_a_request_through_traefik(http: aiohttp.ClientSession) -> None:
     """Builds the image and runs the stack with the Docker SDK; skipped where no Docker engine answers."""
     docker = pytest.importorskip("docker")
     try:
@@ -124,14 +125,7 @@ def test_the_compose_stack_routes_a_request_through_traefik() -> None:
                 str(secrets / "api-token"): {"bind": "/run/secrets/api_token", "mode": "ro"},
             },
         ))
-        import urllib.request
-
-        def routed() -> bool:
-            req = urllib.request.Request("http://127.0.0.1:18000/", headers={"Host": "whoami.localhost"})
-            with urllib.request.urlopen(req, timeout=2) as resp:
-                return bool(resp.status == 200)
-
-        poll_until(routed, timeout=120, interval=1)
+        await eventually(lambda: serves(http, "http://127.0.0.1:18000", "whoami.localhost"), timeout=120, interval=1)
     finally:
         for container in started:
             if container is not None:

@@ -1,7 +1,7 @@
 """A small asyncio client of etcd's v3 gRPC-gateway JSON API, on aiohttp.
 
 etcd3gw is synchronous with no default timeout and silent watch failures
-(TRAEFIK-KV-FACTS.md), so the daemon talks to the same gateway directly: full control of
+(docs/writer.md, "Talking to etcd"), so the daemon talks to the same gateway directly: full control of
 compares, `header.revision`, paging (`more`), watch resume and error codes.
 """
 

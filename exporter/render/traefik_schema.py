@@ -2,7 +2,7 @@
 
 A rendered fragment is validated against these before it is flattened: one wrong type or
 one unknown field under a root makes Traefik's KV provider refuse every later update
-(TRAEFIK-KV-FACTS.md), so nothing that fails here is ever written. Types are strict:
+(docs/key-layout.md, "Decoder traps handled"), so nothing that fails here is ever written. Types are strict:
 `priority: "abc"` or `weight: "1"` is rejected rather than coerced.
 
 `max_length` on a list field also fixes the zero-padding width of its key indices.

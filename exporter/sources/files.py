@@ -1,4 +1,4 @@
-"""Ingress files (YAML, the DESIGN.md shape) as a source, hot-reloaded with watchfiles.
+"""Ingress files (YAML, the shape of docs/ingress.md) as a source, hot-reloaded with watchfiles.
 
 Each file is applied as one request: all its changes or none. A file that fails to parse
 or validate is reported (log, `errors`, /readyz) and its last good content stays in force.
