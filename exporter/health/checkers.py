@@ -8,7 +8,7 @@ the entry-point group `traefik_etcd_exporter.checkers` (see docs/plugins.md).
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from typing import Any, Literal, Protocol
@@ -17,7 +17,7 @@ from urllib.parse import urlsplit
 from loguru import logger
 
 from ..ingress import HealthCheck
-from .state import Outcome
+from .state import NodeHealth, Outcome
 
 ENTRY_POINT_GROUP = "traefik_etcd_exporter.checkers"
 
@@ -94,6 +94,24 @@ def default_check(hc: HealthCheck, protocol: str) -> CheckConfig:
         expected_status=hc.expected_status_code,
         initial_delay=hc.initial_delay,
     )
+
+
+def checker_entry(name: str, target: CheckerTarget, nodes: Mapping[str, NodeHealth]) -> dict[str, Any]:
+    """One checker in the APISIX `/v1/healthcheck` shape; a plugin's entries add `plugin` and `meta`."""
+    entry: dict[str, Any] = {
+        "name": name,
+        "type": target.check.type,
+        "nodes": [
+            {"ip": node.ip, "port": node.port, "hostname": node.ip, "status": nodes[node.url].state.value,
+             "counter": nodes[node.url].counter()}
+            for node in target.nodes
+            if node.url in nodes
+        ],
+    }
+    if target.plugin is not None:
+        entry["plugin"] = target.plugin
+        entry["meta"] = target.meta if target.meta is not None else {}
+    return entry
 
 
 def load_kinds(builtin: list[CheckerKind]) -> dict[str, CheckerKind]:

@@ -23,7 +23,7 @@ from prometheus_client import Counter, Gauge, Histogram
 from ..errors import ValidationFailed
 from ..ingress import Ingress, PluginUpstream
 from ..keys import IngressRef
-from .checkers import CheckerKind, CheckerTarget, Node
+from .checkers import CheckerKind, CheckerTarget, Node, checker_entry
 from .probes import http_probe, tcp_probe
 from .shared import SharedHealth
 from .state import NodeHealth, State, Thresholds
@@ -168,18 +168,7 @@ class HealthEngine:
             rendered = self._rendered_urls(owner) if self._rendered_urls is not None else frozenset()
             for checked in targets.values():
                 for url, health in checked.nodes.items():
-                    state = published.get(url)
-                    if state is None:
-                        # Not published yet (the old leader died right after a change): a server
-                        # that is in the load balancer now stays there until probes say otherwise.
-                        if url in rendered:
-                            health.state = State.HEALTHY
-                            health.added_at = min(health.added_at, now - checked.target.check.initial_delay)
-                        continue
-                    health.state = State(state["status"])
-                    for name, value in state.get("counter", {}).items():
-                        setattr(health, name, int(value))
-                    health.added_at = min(health.added_at, now - checked.target.check.initial_delay)
+                    health.adopt(published.get(url), url in rendered, now - checked.target.check.initial_delay)
 
     def document(self, owner: IngressRef) -> dict[str, Any] | None:
         """What the leader publishes for one ingress (None: it has no checkers)."""
@@ -277,27 +266,5 @@ class HealthEngine:
         return [entry for o in owners for entry in self._local_checkers(o)]
 
     def _local_checkers(self, o: IngressRef) -> list[dict[str, Any]]:
-        out = []
-        for name, checked in sorted(self._checked.get(o, {}).items()):
-            target = checked.target
-            entry: dict[str, Any] = {
-                "name": name,
-                "type": target.check.type,
-                "nodes": [
-                    {
-                        "ip": node.ip,
-                        "port": node.port,
-                        "hostname": node.ip,
-                        "status": checked.nodes[node.url].state.value,
-                        "counter": checked.nodes[node.url].counter(),
-                    }
-                    for node in target.nodes
-                    if node.url in checked.nodes
-                ],
-            }
-            if target.plugin is not None:
-                entry["plugin"] = target.plugin
-                entry["meta"] = target.meta if target.meta is not None else {}
-            out.append(entry)
-        return out
+        return [checker_entry(name, c.target, c.nodes) for name, c in sorted(self._checked.get(o, {}).items())]
 

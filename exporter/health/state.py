@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
-from typing import Literal
+from typing import Any, Literal
 
 Outcome = Literal["success", "http_failure", "tcp_failure", "timeout_failure"]
 
@@ -50,6 +50,22 @@ class NodeHealth:
     def routed(self) -> bool:
         """True when the load balancer may send traffic to this node."""
         return self.state in (State.HEALTHY, State.MOSTLY_HEALTHY)
+
+    def adopt(self, published: dict[str, Any] | None, in_load_balancer: bool, grace_ended_at: float) -> None:
+        """Continue from the state a previous leader published (no burst of spurious ejections).
+
+        Not published yet (the old leader died right after a change): a server that is in the
+        load balancer now stays there until probes say otherwise. Either way the grace period is over.
+        """
+        if published is None:
+            if in_load_balancer:
+                self.state = State.HEALTHY
+                self.added_at = min(self.added_at, grace_ended_at)
+            return
+        self.state = State(published["status"])
+        for name, value in published.get("counter", {}).items():
+            setattr(self, name, int(value))
+        self.added_at = min(self.added_at, grace_ended_at)
 
     def counter(self) -> dict[str, int]:
         """The counters in the /v1/healthcheck shape."""
