@@ -299,18 +299,15 @@ class Settings(BaseSettings):
 
     def traefik_password(self) -> str | None:
         """The password of Traefik's API (`traefik.password_file`)."""
-        path = self.traefik.password_file
-        return read_secret(path, "traefik.password_file") if path is not None else None
+        return _secret(None, self.traefik.password_file, "traefik.password_file")
 
     def discovery_password(self) -> str | None:
         """The discovery Redis password (`discovery.password_file`)."""
-        path = self.discovery.password_file
-        return read_secret(path, "discovery.password_file") if path is not None else None
+        return _secret(None, self.discovery.password_file, "discovery.password_file")
 
     def api_jwt_secret(self) -> str | None:
         """The secret JWTs are verified with (`api.jwt_secret_file`)."""
-        path = self.api.jwt_secret_file
-        return read_secret(path, "api.jwt_secret_file") if path is not None else None
+        return _secret(None, self.api.jwt_secret_file, "api.jwt_secret_file")
 
     def api_token(self) -> str | None:
         """The push API token from `api.token` (env) or `api.token_file`."""

@@ -68,11 +68,16 @@ def build_reconciler(
     etcd: EtcdStore,
     *,
     dry_run: bool = False,
+    layout: KeyLayout | None = None,
     renderer: Renderer | None = None,
     **roles: Any,
 ) -> Reconciler:
-    """The reconciler the settings describe; `roles` are passed on (store, observed, inbox, leader, ejections, admission)."""
-    layout = settings.layout()
+    """The reconciler the settings describe; `roles` are passed on (store, observed, inbox, leader, ejections, admission).
+
+    Give the `layout` every other part uses: object labels of free-text authorities are
+    resolved through the one layout that met them.
+    """
+    layout = layout or settings.layout()
     renderer = renderer or Renderer(layout, settings.default_entrypoints, settings.templates.dir)
     planner = Planner(renderer, layout, load_certificate(settings.tls.cert_file, settings.tls.key_file))
     w = settings.writer
@@ -145,7 +150,7 @@ class Daemon:
         )
         self.renderer = Renderer(layout, settings.default_entrypoints, settings.templates.dir)
         self.reconciler = build_reconciler(
-            settings, self.etcd, dry_run=dry_run, renderer=self.renderer,
+            settings, self.etcd, dry_run=dry_run, layout=layout, renderer=self.renderer,
             store=RecordStore(self.health.update), observed=observed, inbox=inbox,
             leader=self.leadership or AlwaysLeader(), ejections=self.health, admission=self.health,
         )

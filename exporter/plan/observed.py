@@ -96,6 +96,11 @@ class Observed:
         if not history or history[-1].revision < revision:
             history.append(BeaconWrite(value, revision, time.monotonic()))
 
+    def latest_beacon(self, root: str) -> BeaconWrite | None:
+        """The value `root`'s beacon holds now (None: it has none)."""
+        history = self._beacons.get(root)
+        return history[-1] if history else None
+
     def beacon_history(self, root: str) -> list[BeaconWrite]:
         """The values `root`'s beacon held, oldest first (the last one is current)."""
         return list(self._beacons.get(root, ()))

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from typing import Protocol, TypeVar
 
 from aiohttp import web
@@ -20,7 +20,6 @@ from pydantic import BaseModel, ValidationError
 
 from ..errors import (
     BodyTooLarge,
-    ConfigError,
     EtcdError,
     EtcdUnavailable,
     ExporterError,
@@ -37,6 +36,7 @@ from ..reconcile import Removal
 from ..store.records import Record, RecordStore
 from ..traefik.serving import Serving
 from .auth import Authenticator
+from .files import RecordSink
 
 REQUESTS = Counter("exporter_api_requests_total", "push API requests by route and status", ["route", "status"])
 _Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
@@ -53,18 +53,13 @@ HTTP_STATUS: dict[type[ExporterError], int] = {
     EtcdUnavailable: 503,
     EtcdError: 503,
     NotServedInTime: 504,
-    ConfigError: 500,
 }
 
 
-class IngressSink(Protocol):
-    """What the push API drives: the reconciler."""
+class IngressSink(RecordSink, Protocol):
+    """What the push API drives: the reconciler (it also lists what is stored)."""
 
     store: RecordStore
-
-    async def submit(self, upserts: Sequence[Record], removes: Sequence[Removal] = ()) -> None:
-        """Commit one request, all or nothing."""
-        ...
 
 
 def status_of(error: ExporterError) -> int:
