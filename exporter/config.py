@@ -185,6 +185,35 @@ class DiscoverySettings(_Section):
         return value
 
 
+class PassiveSettings(_Section):
+    """Passive health: servers ejected from what Traefik's JSON access log says about real requests."""
+
+    access_log: Path | None = Field(
+        default=None, description="Traefik's access log (accessLog.format=json) shared with this sidecar (unset: passive health off)"
+    )
+    max_failures: int = Field(default=5, ge=1, le=10_000, description="consecutive failed requests to one server that eject it")
+    failure_statuses: list[int] = Field(
+        default=[502, 503, 504],
+        description="OriginStatus values that count as a failure (a request Traefik could not deliver, status 0, always does)",
+    )
+    base_ejection_time: float = Field(
+        default=30.0, gt=0, description="seconds of the first ejection; the n-th consecutive one lasts n times this"
+    )
+    max_ejection_time: float = Field(default=300.0, gt=0, description="seconds an ejection lasts at most")
+    max_ejection_percent: int = Field(
+        default=50, ge=0, le=100,
+        description="share of a group's routable servers passive ejections may remove (never its last one)",
+    )
+
+    @field_validator("failure_statuses")
+    @classmethod
+    def _statuses(cls, value: list[int]) -> list[int]:
+        bad = [s for s in value if not 100 <= s <= 599]
+        if bad:
+            raise ValueError(f"{bad[0]} is not an HTTP status (100-599)")
+        return sorted(set(value))
+
+
 class HealthSettings(_Section):
     """The health engine."""
 
@@ -192,6 +221,20 @@ class HealthSettings(_Section):
     prefix: str = Field(
         default="", description="where the leader publishes node states (default: <records_prefix>.health)"
     )
+    passive: PassiveSettings = Field(default_factory=PassiveSettings)
+    notify_url: str | None = Field(
+        default=None, description="URL the leader POSTs every routed/not-routed transition of a node to (unset: none)"
+    )
+    notify_token_file: Path | None = Field(
+        default=None, description="file holding the bearer token sent with those notifications"
+    )
+
+    @field_validator("notify_url")
+    @classmethod
+    def _notify_url(cls, value: str | None) -> str | None:
+        if value is not None and not re.match(r"^https?://[^/\s]+(/\S*)?\Z", value):
+            raise ValueError(f"{value!r} must be an http:// or https:// URL")
+        return value
 
 
 class LeaderSettings(_Section):
@@ -309,6 +352,10 @@ class Settings(BaseSettings):
         """The secret JWTs are verified with (`api.jwt_secret_file`)."""
         return _secret(None, self.api.jwt_secret_file, "api.jwt_secret_file")
 
+    def notify_token(self) -> str | None:
+        """The bearer token of health notifications (`health.notify_token_file`)."""
+        return _secret(None, self.health.notify_token_file, "health.notify_token_file")
+
     def api_token(self) -> str | None:
         """The push API token from `api.token` (env) or `api.token_file`."""
         return _secret(self.api.token, self.api.token_file, "api.token_file")
@@ -381,6 +428,8 @@ def _resolve_paths(settings: Settings, base: Path) -> Settings:
         section.tls_key_file = rel(section.tls_key_file) or section.tls_key_file
     settings.traefik.password_file = rel(settings.traefik.password_file) or settings.traefik.password_file
     settings.discovery.password_file = rel(settings.discovery.password_file) or settings.discovery.password_file
+    settings.health.notify_token_file = rel(settings.health.notify_token_file) or settings.health.notify_token_file
+    settings.health.passive.access_log = rel(settings.health.passive.access_log) or settings.health.passive.access_log
     settings.tls.cert_file = rel(settings.tls.cert_file) or settings.tls.cert_file
     settings.tls.key_file = rel(settings.tls.key_file) or settings.tls.key_file
     return settings
@@ -406,12 +455,14 @@ def reference_markdown() -> str:
             return "" if isinstance(value, BaseModel) else f"`{value!r}`"
         return f"`{info.default!r}`" if info.default is not None else ""
 
-    for name, info in Settings.model_fields.items():
-        annotation = info.annotation
-        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-            for sub, sub_info in annotation.model_fields.items():
-                env = f"EXPORTER_{name.upper()}__{sub.upper()}"
-                lines.append(f"| `{name}.{sub}` | `{env}` | {default_of(sub_info)} | {sub_info.description or ''} |")
-        else:
-            lines.append(f"| `{name}` | `EXPORTER_{name.upper()}` | {default_of(info)} | {info.description or ''} |")
+    def rows(model: type[BaseModel], path: list[str]) -> None:
+        for name, info in model.model_fields.items():
+            annotation = info.annotation
+            if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+                rows(annotation, [*path, name])
+                continue
+            field, env = ".".join([*path, name]), "EXPORTER_" + "__".join(p.upper() for p in [*path, name])
+            lines.append(f"| `{field}` | `{env}` | {default_of(info)} | {info.description or ''} |")
+
+    rows(Settings, [])
     return "\n".join(lines) + "\n"

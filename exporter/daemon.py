@@ -25,8 +25,14 @@ from .etcd.store import EtcdStore
 from .health.checkers import load_kinds
 from .health.engine import HealthEngine
 from .health.kinds import BUILTIN
+from .health.accesslog import LogFollower
+from .health.notify import Notifier
+from .health.passive import PassiveHealth, PassivePolicy, groups_of
+from .health.passive_monitor import PassiveMonitor
+from .health.reports import PassiveReports
 from .health.shared import SharedHealth
-from .keys import KeyLayout
+from .ingress import Ingress
+from .keys import IngressRef, KeyLayout
 from .leader import Leadership
 from .plan.observed import Observed
 from .plan.planner import Planner
@@ -119,6 +125,17 @@ def _observer(settings: Settings, layout: KeyLayout, observed: Observed, store: 
     return TraefikObserver(api, layout, observed, store, max_lag=t.max_lag, poll_interval=t.poll_interval)
 
 
+def _passive(settings: Settings, layout: KeyLayout) -> PassiveHealth | None:
+    p = settings.health.passive
+    if p.access_log is None:
+        return None
+    policy = PassivePolicy(
+        max_failures=p.max_failures, failure_statuses=frozenset(p.failure_statuses), base_ejection_time=p.base_ejection_time,
+        max_ejection_time=max(p.max_ejection_time, p.base_ejection_time), max_ejection_percent=p.max_ejection_percent,
+    )
+    return PassiveHealth(policy, layout)
+
+
 def _discovery(settings: Settings) -> Discovery | None:
     d = settings.discovery
     if d.redis_url is None:
@@ -144,9 +161,11 @@ class Daemon:
                 self.etcd, layout.election_key, settings.leader.ttl, on_change=self._leadership_changed
             )
             self.shared = SharedHealth(self.etcd, layout, self.leadership.identity, self.leadership)
+        self.notifier = self._notifier(settings)
+        passive = _passive(settings, layout)
         self.health = HealthEngine(
             load_kinds(BUILTIN), inbox, concurrency=settings.health.concurrency, shared=self.shared,
-            rendered_urls=observed.server_urls,
+            rendered_urls=observed.server_urls, passive=passive, transitions=self.notifier,
         )
         self.renderer = Renderer(layout, settings.default_entrypoints, settings.templates.dir)
         self.reconciler = build_reconciler(
@@ -154,6 +173,7 @@ class Daemon:
             store=RecordStore(self.health.update), observed=observed, inbox=inbox,
             leader=self.leadership or AlwaysLeader(), ejections=self.health, admission=self.health,
         )
+        self.passive = self._passive_monitor(settings, layout, passive)
         self.observer = _observer(settings, layout, observed, self.reconciler.store)
         self.serving = Serving(
             layout, observed, lambda: self.reconciler.render_errors, self.observer, settings.api.served_timeout
@@ -165,6 +185,43 @@ class Daemon:
         self._stopping = False
         self._runners: list[web.AppRunner] = []
         self._tasks: list[asyncio.Task[None]] = []
+
+    def _ingress(self, owner: IngressRef) -> Ingress | None:
+        record = self.reconciler.store.get(owner)
+        return record.ingress if record is not None else None
+
+    def _notifier(self, settings: Settings) -> Notifier | None:
+        if settings.health.notify_url is None:
+            return None
+
+        def group_of(owner: IngressRef, url: str) -> str:
+            ingress = self._ingress(owner)
+            return next((label for label, urls in groups_of(ingress) if url in urls), "primary") if ingress else "primary"
+
+        return Notifier(settings.health.notify_url, settings.notify_token(), self.leadership or AlwaysLeader(), group_of)
+
+    def _passive_monitor(self, settings: Settings, layout: KeyLayout, passive: PassiveHealth | None) -> PassiveMonitor | None:
+        if passive is None:
+            return None
+        access_log = settings.health.passive.access_log
+        reports = None
+        if self.leadership is not None:
+            reports = PassiveReports(self.etcd, layout, self.leadership.identity, self.leadership.lease)
+
+        def urls_of(owner: IngressRef) -> frozenset[str]:
+            ingress = self._ingress(owner)
+            return frozenset(u for _, urls in groups_of(ingress) for u in urls) if ingress else frozenset()
+
+        return PassiveMonitor(
+            passive, self.health, self.leadership or AlwaysLeader(), ingress_of=self._ingress, urls_of=urls_of,
+            follower=LogFollower(access_log) if access_log else None, reports=reports,
+        )
+
+    def _shared_changed(self) -> None:
+        # Followers count the leader's states in their metrics and restart runs of servers it ejected.
+        self.health.count_states()
+        if self.passive is not None and self.shared is not None:
+            self.passive.forget_ejected(self.shared.docs)
 
     def readiness(self) -> list[str]:
         """Why the daemon is not ready; empty when it is."""
@@ -235,8 +292,12 @@ class Daemon:
             self._tasks.append(asyncio.create_task(self._watch_templates(self.settings.templates.dir), name="templates"))
         if self.shared is not None:
             # Followers' metrics follow the leader's states; the leader publishes its engine's documents.
-            self._tasks.append(asyncio.create_task(self.shared.run_reader(self.health.count_states), name="health-reader"))
+            self._tasks.append(asyncio.create_task(self.shared.run_reader(self._shared_changed), name="health-reader"))
             self._tasks.append(asyncio.create_task(self.shared.run_publisher(self.health.document), name="health-publisher"))
+        if self.passive is not None:
+            self._tasks.append(asyncio.create_task(self.passive.run(), name="passive-health"))
+        if self.notifier is not None:
+            self._tasks.append(asyncio.create_task(self.notifier.run(), name="health-notifier"))
         self._tasks.append(asyncio.create_task(self._sources(), name="sources"))
 
     async def _probe_etcd(self) -> None:

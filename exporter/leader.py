@@ -58,6 +58,10 @@ class Leadership:
         """True while this exporter holds the election key."""
         return self._leading
 
+    def lease(self) -> int:
+        """The lease this exporter campaigns with (0 before the first grant); keys tied to it die with the exporter."""
+        return self._lease
+
     def fence(self) -> list[Compare]:
         """The compare every leader-only transaction carries (empty when not leader)."""
         if not self._leading:

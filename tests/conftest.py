@@ -47,6 +47,11 @@ http:
 """
 
 
+def access_log_of(workdir: Path) -> Path:
+    """The JSON access log of the session Traefik."""
+    return workdir / "traefik-access.json"
+
+
 @pytest.fixture(scope="session")
 def traefik(workdir: Path, etcd: EmbeddedEtcd) -> Iterator[EmbeddedTraefik]:
     dynamic = workdir / "dynamic"
@@ -55,7 +60,11 @@ def traefik(workdir: Path, etcd: EmbeddedEtcd) -> Iterator[EmbeddedTraefik]:
     # Clients behind a load balancer: X-Forwarded-For from loopback is trusted (ipStrategy tests).
     server = start_traefik(
         workdir, etcd.url, ROOT, ["web", "tcp"],
-        extra_args=[f"--providers.file.directory={dynamic}", "--entryPoints.web.forwardedHeaders.trustedIPs=127.0.0.1/32"],
+        extra_args=[
+            f"--providers.file.directory={dynamic}", "--entryPoints.web.forwardedHeaders.trustedIPs=127.0.0.1/32",
+            # Passive health reads what Traefik logs about each proxied request.
+            f"--accessLog.filePath={access_log_of(workdir)}", "--accessLog.format=json",
+        ],
     )
     yield server
     server.stop()

@@ -96,14 +96,19 @@ def default_check(hc: HealthCheck, protocol: str) -> CheckConfig:
     )
 
 
-def checker_entry(name: str, target: CheckerTarget, nodes: Mapping[str, NodeHealth]) -> dict[str, Any]:
-    """One checker in the APISIX `/v1/healthcheck` shape; a plugin's entries add `plugin` and `meta`."""
+def checker_entry(
+    name: str, target: CheckerTarget, nodes: Mapping[str, NodeHealth], passive: Callable[[str], dict[str, Any]] | None = None
+) -> dict[str, Any]:
+    """One checker in the APISIX `/v1/healthcheck` shape; a plugin's entries add `plugin` and `meta`.
+
+    With passive health on, `passive(url)` adds `counter.passive_failure` and, while the
+    node is passively ejected, `passive_ejection`.
+    """
     entry: dict[str, Any] = {
         "name": name,
         "type": target.check.type,
         "nodes": [
-            {"ip": node.ip, "port": node.port, "hostname": node.ip, "status": nodes[node.url].state.value,
-             "counter": nodes[node.url].counter()}
+            _node_entry(node, nodes[node.url].state.value, nodes[node.url].counter(), passive)
             for node in target.nodes
             if node.url in nodes
         ],
@@ -112,6 +117,25 @@ def checker_entry(name: str, target: CheckerTarget, nodes: Mapping[str, NodeHeal
         entry["plugin"] = target.plugin
         entry["meta"] = target.meta if target.meta is not None else {}
     return entry
+
+
+def passive_entry(name: str, urls: list[str], passive: Callable[[str], dict[str, Any]]) -> dict[str, Any]:
+    """The entry of servers only passive health watches (`type: passive`): healthy unless passively ejected."""
+    nodes = []
+    for url in urls:
+        extra = passive(url)
+        status = "unhealthy" if "passive_ejection" in extra else "healthy"
+        nodes.append(_node_entry(Node(url), status, {"success": 0, "http_failure": 0, "tcp_failure": 0, "timeout_failure": 0}, passive))
+    return {"name": name, "type": "passive", "nodes": nodes}
+
+
+def _node_entry(node: Node, status: str, counter: dict[str, int], passive: Callable[[str], dict[str, Any]] | None) -> dict[str, Any]:
+    out: dict[str, Any] = {"ip": node.ip, "port": node.port, "hostname": node.ip, "status": status, "counter": counter}
+    if passive is not None:
+        extra = passive(node.url)
+        counter["passive_failure"] = extra.pop("passive_failure")
+        out.update(extra)
+    return out
 
 
 def load_kinds(builtin: list[CheckerKind]) -> dict[str, CheckerKind]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import random
 import time
+from functools import partial
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -23,8 +24,10 @@ from prometheus_client import Counter, Gauge, Histogram
 from ..errors import ValidationFailed
 from ..ingress import Ingress, PluginUpstream
 from ..keys import IngressRef
-from .checkers import CheckerKind, CheckerTarget, Node, checker_entry
+from .checkers import CheckerKind, CheckerTarget, Node, checker_entry, passive_entry
 from .probes import http_probe, tcp_probe
+from .notify import Transitions
+from .passive import PassiveHealth
 from .shared import SharedHealth
 from .state import NodeHealth, State, Thresholds
 
@@ -63,10 +66,14 @@ class HealthEngine:
         concurrency: int = 256,
         shared: SharedHealth | None = None,
         rendered_urls: Callable[[IngressRef], frozenset[str]] | None = None,
+        passive: PassiveHealth | None = None,
+        transitions: Transitions | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """`shared`: set on every exporter sharing a root (followers read the leader's states from it);
-        `rendered_urls`: the server URLs an ingress's load balancers hold in etcd right now."""
+        `rendered_urls`: the server URLs an ingress's load balancers hold in etcd right now;
+        `passive`: passive health, whose ejections add to the probes'; `transitions`: told of every
+        routed / not routed change of a node (the leader's notifications)."""
         self.kinds = kinds
         self._replan = replan
         self._clock = clock
@@ -75,6 +82,8 @@ class HealthEngine:
         self._running = False
         self._shared = shared
         self._rendered_urls = rendered_urls
+        self.passive = passive
+        self._transitions = transitions
 
     # ----- targets
 
@@ -119,6 +128,8 @@ class HealthEngine:
         for gone in old.values():
             if gone.task is not None:
                 gone.task.cancel()
+        if ingress is None and self.passive is not None:
+            self.passive.forget(owner)
         if new:
             self._checked[owner] = new
         self.count_states()
@@ -130,14 +141,20 @@ class HealthEngine:
 
         An exporter that is not probing (a follower) uses the states the leader published.
         """
-        out: set[str] = set()
         if not self._running and self._shared is not None:
-            published = (self._shared.docs.get(owner) or {}).get("nodes", {})
+            doc = self._shared.docs.get(owner) or {}
+            published = doc.get("nodes", {})
+            out = set(doc.get("passive", ()))
             for target in self.targets_of(ingress):
                 for node in target.nodes:
                     if published.get(node.url, {}).get("status") not in (State.HEALTHY.value, State.MOSTLY_HEALTHY.value):
                         out.add(node.url)
             return frozenset(out)
+        return self.active_ejected(owner, ingress) | (self.passive.ejected(owner) if self.passive else frozenset())
+
+    def active_ejected(self, owner: IngressRef, ingress: Ingress) -> frozenset[str]:
+        """What the probes alone keep out (the leader's own states)."""
+        out: set[str] = set()
         known = self._checked.get(owner, {})
         for target in self.targets_of(ingress):
             checked = known.get(target.name)
@@ -163,6 +180,9 @@ class HealthEngine:
         if self._shared is None:
             return
         now = self._clock()
+        if self.passive is not None:
+            for owner, doc in self._shared.docs.items():
+                self.passive.adopt(owner, doc.get("passive"))
         for owner, targets in self._checked.items():
             published = (self._shared.docs.get(owner) or {}).get("nodes", {})
             rendered = self._rendered_urls(owner) if self._rendered_urls is not None else frozenset()
@@ -171,16 +191,33 @@ class HealthEngine:
                     health.adopt(published.get(url), url in rendered, now - checked.target.check.initial_delay)
 
     def document(self, owner: IngressRef) -> dict[str, Any] | None:
-        """What the leader publishes for one ingress (None: it has no checkers)."""
-        targets = self._checked.get(owner)
-        if not targets:
+        """What the leader publishes for one ingress (None: no checkers and no passive ejection)."""
+        targets = self._checked.get(owner, {})
+        passive = self.passive.published(owner) if self.passive else {}
+        if not targets and not passive:
             return None
         nodes = {
             url: {"status": health.state.value, "counter": health.counter()}
             for checked in targets.values()
             for url, health in checked.nodes.items()
         }
-        return {"checkers": self._local_checkers(owner), "nodes": nodes}
+        return {"checkers": self._local_checkers(owner), "nodes": nodes, **passive}
+
+    def node(self, owner: IngressRef, url: str) -> NodeHealth | None:
+        """The probed state of one server of `owner` (None: no active check covers it)."""
+        for checked in self._checked.get(owner, {}).values():
+            if url in checked.nodes:
+                return checked.nodes[url]
+        return None
+
+    def routing_changed(self, owner: IngressRef, node: str, routed: bool, reason: str, announce: bool = True) -> None:
+        """A node of `owner` starts or stops being routed: re-plan the ingress, publish, notify (when `announce`)."""
+        self.count_states()
+        self._replan.mark_dirty([owner], "health")
+        if self._shared is not None:
+            self._shared.publish([owner])
+        if announce and self._transitions is not None:
+            self._transitions.transition(owner, node, routed, reason)
 
     async def stop(self) -> None:
         """Stop every probe task (states are kept)."""
@@ -210,21 +247,18 @@ class HealthEngine:
             outcomes = await asyncio.gather(*(self._probe(target, node) for node in target.nodes))
             now = self._clock()
             limits = Thresholds(successes=1, failures=check.max_retries, initial_delay=check.initial_delay)
-            changed = False
             for node, outcome in zip(target.nodes, outcomes, strict=True):
                 health = checked.nodes.get(node.url)
                 if health is None:
                     continue
                 PROBES.labels(outcome).inc()
+                if outcome == "success":
+                    health.success_at = time.time()
                 if health.record(outcome, now, limits):
-                    changed = True
                     TRANSITIONS.labels(health.state.value).inc()
                     logger.info("health: {} {} is now {} ({})", name, node.url, health.state.value, outcome)
-            if changed:
-                self.count_states()
-                self._replan.mark_dirty([owner], "health")
-                if self._shared is not None:
-                    self._shared.publish([owner])
+                    if self.passive is None or node.url not in self.passive.ejected(owner):
+                        self.routing_changed(owner, node.url, health.routed, f"active: {outcome}")
             due += check.interval * random.uniform(0.95, 1.05)
             due = max(due, self._clock())
 
@@ -262,9 +296,17 @@ class HealthEngine:
             docs = self._shared.docs
             owners = [owner] if owner is not None else sorted(docs)
             return [entry for o in owners for entry in (docs.get(o) or {}).get("checkers", [])]
-        owners = [owner] if owner is not None else sorted(self._checked)
+        checked = set(self._checked) | (self.passive.owners() if self.passive else set())
+        owners = [owner] if owner is not None else sorted(checked)
         return [entry for o in owners for entry in self._local_checkers(o)]
 
     def _local_checkers(self, o: IngressRef) -> list[dict[str, Any]]:
-        return [checker_entry(name, c.target, c.nodes) for name, c in sorted(self._checked.get(o, {}).items())]
+        extra = partial(self.passive.node_entry, o) if self.passive else None
+        checked = sorted(self._checked.get(o, {}).items())
+        entries = [checker_entry(name, c.target, c.nodes, extra) for name, c in checked]
+        if extra is not None and self.passive is not None:
+            covered = {url for _, c in checked for url in c.nodes}
+            if rest := sorted(self.passive.urls(o) - covered):
+                entries.append(passive_entry(f"{o}/passive", rest, extra))
+        return entries
 

@@ -45,6 +45,8 @@ class NodeHealth:
     http_failure: int = 0
     tcp_failure: int = 0
     timeout_failure: int = 0
+    # Wall-clock time of the last successful probe (a passive ejection that ended waits for one).
+    success_at: float = 0.0
 
     @property
     def routed(self) -> bool:
