@@ -13,8 +13,8 @@ from aiohttp import web
 from loguru import logger
 from watchfiles import awatch
 
-from .config import Settings
 from . import __version__
+from .config import Settings
 from .control.convergence import convergence_routes
 from .control.healthcheck import healthcheck_routes
 from .control.server import control_app
@@ -22,10 +22,10 @@ from .discovery import Discovery, registration_of
 from .errors import ConfigError, EtcdError
 from .etcd.client import EtcdClient, EtcdSecurity
 from .etcd.store import EtcdStore
+from .health.accesslog import LogFollower
 from .health.checkers import load_kinds
 from .health.engine import HealthEngine
 from .health.kinds import BUILTIN
-from .health.accesslog import LogFollower
 from .health.notify import Notifier
 from .health.passive import PassiveHealth, PassivePolicy, groups_of
 from .health.passive_monitor import PassiveMonitor
@@ -221,7 +221,7 @@ class Daemon:
         # Followers count the leader's states in their metrics and restart runs of servers it ejected.
         self.health.count_states()
         if self.passive is not None and self.shared is not None:
-            self.passive.forget_ejected(self.shared.docs)
+            self.passive.follow_leader(self.shared.docs)
 
     def readiness(self) -> list[str]:
         """Why the daemon is not ready; empty when it is."""

@@ -183,12 +183,25 @@ def test_peers_runs_add_up_and_runs_from_before_an_ejection_do_not_count_again()
     assert p.failures(OWNER, A) == 0
 
 
-def test_a_follower_drops_runs_the_leader_ejected_for() -> None:
+def test_a_follower_drops_runs_the_leader_ejected_for_and_ignores_the_server_while_it_is_out() -> None:
     p = passive()
     fail(p, A, 3, now=100)
-    assert p.forget_runs(OWNER, {A: {"at": 99.0}}) is False  # that ejection came before this run
-    assert p.forget_runs(OWNER, {A: {"at": 101.0}}) is True
+    assert p.follow_leader({OWNER: {"passive": {A: {"at": 99.0}}}}) is False  # that ejection came before this run
+    assert p.follow_leader({OWNER: {"passive": {A: {"at": 101.0}}}}) is True
     assert p.report() == []
+    fail(p, A, 3, now=102)  # requests sent before Traefik applied the ejection
+    assert p.report() == []
+    p.follow_leader({})  # it returned
+    fail(p, A, 1, now=103)
+    assert p.report() == [["test", "llm", A, 1, 103]]
+
+
+def test_lines_logged_after_an_ejection_do_not_start_a_new_run() -> None:
+    p = passive()
+    fail(p, A, 5)
+    assert len(list(p.decide(OWNER, LLM, frozenset(), 100))) == 1
+    fail(p, A, 7, now=100.2)
+    assert p.failures(OWNER, A) == 0
 
 
 def test_a_new_leader_adopts_published_ejections() -> None:
@@ -197,6 +210,6 @@ def test_a_new_leader_adopts_published_ejections() -> None:
     list(p.decide(OWNER, LLM, frozenset(), 100))
     doc = p.published(OWNER)
     successor = passive()
-    successor.adopt(OWNER, doc["passive"])
+    successor.adopt({OWNER: doc, IngressRef("test", "other"): {"nodes": {}}})
     assert successor.ejected(OWNER) == {A}
     assert successor.ejections[OWNER][A] == p.ejections[OWNER][A]

@@ -13,9 +13,9 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-from functools import partial
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Protocol
 
 from loguru import logger
@@ -25,9 +25,9 @@ from ..errors import ValidationFailed
 from ..ingress import Ingress, PluginUpstream
 from ..keys import IngressRef
 from .checkers import CheckerKind, CheckerTarget, Node, checker_entry, passive_entry
-from .probes import http_probe, tcp_probe
 from .notify import Transitions
 from .passive import PassiveHealth
+from .probes import http_probe, tcp_probe
 from .shared import SharedHealth
 from .state import NodeHealth, State, Thresholds
 
@@ -181,8 +181,7 @@ class HealthEngine:
             return
         now = self._clock()
         if self.passive is not None:
-            for owner, doc in self._shared.docs.items():
-                self.passive.adopt(owner, doc.get("passive"))
+            self.passive.adopt(self._shared.docs)
         for owner, targets in self._checked.items():
             published = (self._shared.docs.get(owner) or {}).get("nodes", {})
             rendered = self._rendered_urls(owner) if self._rendered_urls is not None else frozenset()

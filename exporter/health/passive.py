@@ -95,6 +95,8 @@ class PassiveHealth:
     ejections: dict[IngressRef, dict[str, Ejection]] = field(default_factory=dict)
     # (server -> (n of its last ejection, when it returned)): is a new ejection consecutive?
     returned: dict[tuple[IngressRef, str], tuple[int, float]] = field(default_factory=dict)
+    # On a follower: the servers the leader's published documents say are passively ejected.
+    published_ejections: dict[IngressRef, frozenset[str]] = field(default_factory=dict)
 
     # ----- observations
 
@@ -109,8 +111,8 @@ class PassiveHealth:
             urls = known.get(owner)
             if urls is None:
                 urls = known[owner] = urls_of(owner)
-            if request.url not in urls:
-                continue
+            if request.url not in urls or self._is_out(owner, request.url):
+                continue  # an ejected server's lines are requests sent before Traefik applied the ejection
             runs = self.runs.setdefault(owner, {})
             run = runs.get(request.url)
             if request.failed:
@@ -123,6 +125,9 @@ class PassiveHealth:
                 del runs[request.url]
                 changed.add(owner)
         return changed
+
+    def _is_out(self, owner: IngressRef, url: str) -> bool:
+        return url in self.ejections.get(owner, ()) or url in self.published_ejections.get(owner, ())
 
     def report(self) -> list[list[Any]]:
         """This sidecar's runs, as published for the leader: `[authority, id, url, count, first_at]`."""
@@ -154,6 +159,15 @@ class PassiveHealth:
         if ejection is not None:
             return ejection.at
         return self.returned.get((owner, url), (0, -math.inf))[1]
+
+    def follow_leader(self, docs: dict[IngressRef, dict[str, Any]]) -> bool:
+        """On a follower: take the leader's published ejections; True when runs were dropped (see `forget_runs`)."""
+        self.published_ejections = {owner: frozenset(doc["passive"]) for owner, doc in docs.items() if doc.get("passive")}
+        dropped = False
+        for owner, doc in docs.items():
+            if doc.get("passive") and self.forget_runs(owner, doc["passive"]):
+                dropped = True
+        return dropped
 
     def forget_runs(self, owner: IngressRef, ejected: dict[str, Any]) -> bool:
         """Drop this sidecar's runs that began before the leader's ejection of their server (a new run starts after it)."""
@@ -240,12 +254,13 @@ class PassiveHealth:
         ejections = self.ejections.get(owner)
         return {"passive": {url: e.published() for url, e in ejections.items()}} if ejections else {}
 
-    def adopt(self, owner: IngressRef, published: dict[str, Any] | None) -> None:
-        """Continue the ejections a previous leader published."""
-        if not published:
-            return
-        self.ejections[owner] = {
-            url: Ejection(until=float(e["until"]), n=int(e["n"]), at=float(e["at"]),
-                          expired_at=None if e.get("expired_at") is None else float(e["expired_at"]))
-            for url, e in published.items()
-        }
+    def adopt(self, docs: dict[IngressRef, dict[str, Any]]) -> None:
+        """On becoming leader: continue the ejections the previous leader published (and stop following them)."""
+        self.published_ejections = {}
+        for owner, doc in docs.items():
+            if doc.get("passive"):
+                self.ejections[owner] = {
+                    url: Ejection(until=float(e["until"]), n=int(e["n"]), at=float(e["at"]),
+                                  expired_at=None if e.get("expired_at") is None else float(e["expired_at"]))
+                    for url, e in doc["passive"].items()
+                }

@@ -90,12 +90,11 @@ class PassiveMonitor:
             return
         self._decide(changed)
 
-    def forget_ejected(self, docs: dict[IngressRef, dict[str, Any]]) -> None:
+    def follow_leader(self, docs: dict[IngressRef, dict[str, Any]]) -> None:
         """A follower drops its runs of servers the leader has ejected since they began (their count restarts)."""
         if self._leader.is_leader():
             return
-        changed = [owner for owner, doc in docs.items() if doc.get("passive") and self.passive.forget_runs(owner, doc["passive"])]
-        if changed:
+        if self.passive.follow_leader(docs):
             self._report_due.set()
 
     def _decide(self, owners: set[IngressRef]) -> None:
