@@ -16,7 +16,7 @@ from urllib.parse import urlsplit
 
 from loguru import logger
 
-from ..ingress import HealthCheck
+from ..ingress import HealthCheck, Ingress
 from .state import NodeHealth, Outcome
 
 ENTRY_POINT_GROUP = "traefik_etcd_exporter.checkers"
@@ -76,6 +76,20 @@ class CheckerKind(Protocol):
     def targets(self, group: Any, resource: str, defaults: HealthCheck, protocol: str = "http") -> list[CheckerTarget]:
         """The checkers of one upstream group; `resource` is `<authority>/<id>/<group>` (group: primary, canary)."""
         ...
+
+
+def targets_of(kinds: Mapping[str, CheckerKind], ingress: Ingress) -> list[CheckerTarget]:
+    """The checker targets an ingress declares through the kinds of its upstream groups."""
+    out: list[CheckerTarget] = []
+    groups: list[tuple[str, Any]] = [("primary", ingress.upstream)]
+    if ingress.canary is not None:
+        groups.append(("canary", ingress.canary.upstream))
+    for label, group in groups:
+        kind = kinds.get(group.kind)
+        if kind is not None:
+            resource = f"{ingress.authority}/{ingress.id}/{label}"
+            out.extend(kind.targets(group, resource, ingress.health_check, ingress.protocol))
+    return out
 
 
 # Edge values of Backend.AI's unbounded ModelHealthCheck (docs/ingress.md): probes no more often

@@ -24,7 +24,14 @@ from prometheus_client import Counter, Gauge, Histogram
 from ..errors import ValidationFailed
 from ..ingress import Ingress, PluginUpstream
 from ..keys import IngressRef
-from .checkers import CheckerKind, CheckerTarget, Node, checker_entry, passive_entry
+from .checkers import (
+    CheckerKind,
+    CheckerTarget,
+    Node,
+    checker_entry,
+    passive_entry,
+    targets_of,
+)
 from .notify import Transitions
 from .passive import PassiveHealth
 from .probes import http_probe, tcp_probe
@@ -89,17 +96,7 @@ class HealthEngine:
 
     def targets_of(self, ingress: Ingress) -> list[CheckerTarget]:
         """The checker targets an ingress declares through its upstream kinds."""
-        out: list[CheckerTarget] = []
-        groups: list[tuple[str, Any]] = [("primary", ingress.upstream)]
-        if ingress.canary is not None:
-            groups.append(("canary", ingress.canary.upstream))
-        for label, group in groups:
-            kind = self.kinds.get(group.kind)
-            if kind is None:
-                continue
-            resource = f"{ingress.authority}/{ingress.id}/{label}"
-            out.extend(kind.targets(group, resource, ingress.health_check, ingress.protocol))
-        return out
+        return targets_of(self.kinds, ingress)
 
     def admit(self, ingress: Ingress) -> None:
         """Refuse an ingress whose upstream kind no installed plugin provides."""
