@@ -12,7 +12,9 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+import jsonschema
 import pytest
+import yaml
 from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -35,6 +37,7 @@ pytestmark = pytest.mark.integration
 TOKEN = "passive-test-token"
 FAST = {"enable": True, "interval": 0.2, "max_retries": 2, "max_wait_time": 0.5, "initial_delay": 0}
 EJECTION = 5.0
+OPENAPI = yaml.safe_load((Path(__file__).resolve().parent.parent / "docs" / "openapi.yaml").read_text())
 
 
 @dataclass
@@ -344,6 +347,7 @@ async def test_notifications_reach_a_receiver_that_was_down_once_and_in_order(
     ]
     assert [e["reason"] for e in events] == ["active: success", "active: http_failure", "active: success"]
     assert events == sorted(events, key=lambda e: e["at"])
+    jsonschema.validate({"events": events}, {**OPENAPI["components"]["schemas"]["HealthEvents"], "components": OPENAPI["components"]})
     starts = [t for t, _ in receiver.batches]
     assert all(b - a >= 0.9 for a, b in zip(starts, starts[1:])), starts  # at most one request per second
 
