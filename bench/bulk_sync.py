@@ -6,6 +6,7 @@
 3. RSS of a daemon process holding N ingresses (from ingress files). Target: <= 200 MB.
 
 Usage: .venv/bin/python bench/bulk_sync.py [--ingresses 10000] [--runs 3]
+Profile: .venv/bin/py-spy record -r 250 -f raw -o bulk.txt -- .venv/bin/python bench/bulk_sync.py --profile
 """
 
 from __future__ import annotations
@@ -125,9 +126,13 @@ async def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--ingresses", type=int, default=10_000)
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--profile", action="store_true", help="only the exporter's bulk sync, once (run it under py-spy)")
     args = parser.parse_args()
     logger.remove()
     n = args.ingresses
+    if args.profile:
+        print(f"exporter bulk sync of {n} ingresses: {await exporter_bulk(n):.2f}s")
+        return
 
     exp, raw = [], []
     keys = 0
