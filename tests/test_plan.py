@@ -44,9 +44,8 @@ def test_first_plan_creates_root_keys_record_and_objects_with_guards() -> None:
     assert unit.name == "test/llama"
     assert all(c.sign == "+" for c in unit.changes)
     assert unit.changes[0].key == LAYOUT.record_key(IngressRef("test", "llama"))
-    # Record must not exist yet; each object subtree must be empty.
-    assert unit.compares[0] == Compare("records/test/llama", "EQUAL", 0)
-    assert Compare("traefik/worker_test/http/routers/test_llama/", "LESS", 1, prefix=True) in unit.compares
+    # The record must not exist yet; objects being created carry no range compare.
+    assert unit.compares == [Compare("records/test/llama", "EQUAL", 0)]
 
 
 def test_idle_plan_is_empty() -> None:
@@ -208,7 +207,7 @@ def test_a_tombstone_refuses_older_upserts_and_accepts_newer() -> None:
 
 def test_plan_ingress_with_no_difference_is_none() -> None:
     assert plan_ingress(
-        owner=IngressRef("a", "b"), desired={"k": "v"}, observed_objects={"o": {"k": ("v", 3)}}, desired_objects=("o",),
+        owner=IngressRef("a", "b"), desired={"k": "v"}, observed_objects={"o": {"k": ("v", 3)}},
         record_key="rec", desired_record=None, observed_record=None,
     ) is None
 

@@ -108,6 +108,30 @@ async def test_a_foreign_edit_between_plan_and_commit_fails_the_txn_and_replans(
         await rec.submit([], [Removal(IngressRef(AUTHORITY, iid), 3)])
 
 
+async def test_a_foreign_key_written_into_an_object_being_created_is_repaired(
+    etcd: EmbeddedEtcd, etcd_client: EtcdClient, backends: list[Backend],
+) -> None:
+    # A new object carries no range compare (only the record's): the creation commits, and the
+    # foreign key that slipped in is seen by the watch and removed like any drift.
+    backends.append(await Backend("mine").start())
+    iid = uid()
+    foreign = f"{ROOT}/http/routers/{AUTHORITY}_{iid}/observability/metrics"  # no template writes it
+    async with hooked_reconciler(etcd.url, f"{uid('fc')}/records") as (rec, hooked):
+
+        async def slip_in() -> None:
+            await etcd_client.put(foreign, "false")
+
+        hooked.before_txn = slip_in
+        await rec.submit([record(iid, upstream=servers(backends[0]))])
+        await eventually(lambda: _absent(etcd_client, foreign))
+        assert await etcd_client.get(f"{ROOT}/http/routers/{AUTHORITY}_{iid}/rule") is not None
+        await rec.submit([], [Removal(IngressRef(AUTHORITY, iid), 2)])
+
+
+async def _absent(client: EtcdClient, key: str) -> bool:
+    return await client.get(key) is None
+
+
 async def test_a_stale_writer_loses_to_a_newer_revision_committed_meanwhile(etcd: EmbeddedEtcd, etcd_client: EtcdClient) -> None:
     iid = uid()
     records = f"{uid('st')}/records"

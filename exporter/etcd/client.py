@@ -17,9 +17,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
+import orjson
 
 from ..errors import EtcdError, WatchCanceled
-from .types import Compare, KeyValue, Op, RangePage, TxnResult, WatchEvent, b64, b64_range_end, kv_of
+from .types import Compare, KeyValue, Op, RangePage, TxnResult, WatchEvent, b64, b64_range_end, kv_of, txn_body
 
 # One watch response is one JSON line; a burst of large transactions can make it big.
 _MAX_WATCH_LINE = 64 * 1024 * 1024
@@ -145,7 +146,7 @@ class EtcdClient:
             await self._session.close()
             self._session = None
 
-    async def _post(self, path: str, body: dict[str, Any]) -> dict[str, Any]:
+    async def _post(self, path: str, body: dict[str, Any] | bytes) -> dict[str, Any]:
         last: EtcdError | None = None
         reauthenticated = False
         attempt = 0
@@ -154,7 +155,13 @@ class EtcdClient:
             try:
                 if self._security.username and self._token is None:
                     await self._authenticate()
-                async with self._http().post(url, json=body, **self._request_kwargs()) as resp:
+                kwargs = self._request_kwargs()
+                if isinstance(body, bytes):
+                    kwargs["headers"] = {**kwargs.get("headers", {}), "Content-Type": "application/json"}
+                    kwargs["data"] = body
+                else:
+                    kwargs["json"] = body
+                async with self._http().post(url, **kwargs) as resp:
                     payload = await resp.read()
                     if resp.status != 200:
                         error = EtcdError(_error_text(payload, resp.status), status=resp.status)
@@ -164,7 +171,7 @@ class EtcdClient:
                             continue
                         # 503 is gRPC's Unavailable (no leader, member stopping): as good as unreachable.
                         raise self._failed(error) if resp.status == 503 else error
-                    result: dict[str, Any] = json.loads(payload)
+                    result: dict[str, Any] = orjson.loads(payload)
                     self._answered()
                     return result
             except (aiohttp.ClientConnectionError, asyncio.TimeoutError, OSError) as exc:
@@ -201,8 +208,7 @@ class EtcdClient:
 
     async def txn(self, compares: Sequence[Compare], ops: Sequence[Op]) -> TxnResult:
         """Apply `ops` atomically if every compare holds."""
-        body = {"compare": [c.to_json() for c in compares], "success": [o.to_json() for o in ops]}
-        reply = await self._post("/v3/kv/txn", body)
+        reply = await self._post("/v3/kv/txn", txn_body(compares, ops))
         # The gateway omits `succeeded` when it is false.
         return TxnResult(succeeded=bool(reply.get("succeeded", False)), revision=int(reply["header"]["revision"]))
 
@@ -268,7 +274,7 @@ class EtcdClient:
                     self._answered()
                     if not line.strip():
                         continue
-                    result = json.loads(line).get("result", {})
+                    result = orjson.loads(line).get("result", {})
                     if result.get("canceled"):
                         compact = int(result.get("compact_revision", 0))
                         raise WatchCanceled(result.get("cancel_reason", "watch canceled"), compact)

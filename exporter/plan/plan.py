@@ -2,7 +2,7 @@
 
 `diff`, `run --dry-run` and the writer share this one type, so what operators read is
 exactly what the writer applies. Each unit is one ingress (or one root's own keys) with the
-compares that guard it: the record's mod_revision, and one range compare per object
+compares that guard it: the record's mod_revision, and one range compare per existing object
 subtree, so a concurrent or stale writer fails and re-plans instead of overwriting.
 """
 
@@ -86,7 +86,6 @@ def plan_ingress(
     owner: IngressRef,
     desired: dict[str, str] | None,
     observed_objects: dict[str, dict[str, tuple[str, int]]],
-    desired_objects: tuple[str, ...],
     record_key: str,
     desired_record: Record | None,
     observed_record: tuple[str, int] | None,
@@ -112,10 +111,14 @@ def plan_ingress(
         changes.append(Change(record_key, old_record, record_value))
     if not changes:
         return None
+    # The record guards against every other exporter (they write it with the keys); a range
+    # compare per existing object guards its keys against any other writer. An object being
+    # created has no key to guard: a foreign key written into it meanwhile is seen by the
+    # watch and repaired like any drift (one range compare less per new object: etcd scans
+    # each range on every transaction, the main cost of a bulk sync after the JSON).
     compares = [Compare(record_key, "EQUAL", observed_record[1] if observed_record else 0)]
-    for obj in sorted(set(observed_objects) | set(desired_objects)):
-        keys = observed_objects.get(obj, {})
-        newest = max((mod for _v, mod in keys.values()), default=0)
+    for obj in sorted(observed_objects):
+        newest = max((mod for _v, mod in observed_objects[obj].values()), default=0)
         compares.append(Compare(obj + "/", "LESS", newest + 1, prefix=True))
     return UnitPlan(
         name=str(owner),

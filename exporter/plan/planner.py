@@ -82,7 +82,6 @@ class Planner:
             # No record anywhere: whatever carries this name is not ours.
             return None
         desired_kv: dict[str, str] | None = None
-        desired_objects: tuple[str, ...] = ()
         if record is not None and not record.removed:
             try:
                 rendered = self._renderer.render(record.ingress, ejections.ejected(ref, record.ingress), record.content)
@@ -91,12 +90,10 @@ class Planner:
                 logger.error("not writing {}: {}", ref, exc.title)
                 return None
             desired_kv = rendered.kv
-            desired_objects = tuple(f"{rendered.root}/{o}" for o in rendered.objects)
         return plan_ingress(
             owner=ref,
             desired=desired_kv,
             observed_objects=observed.objects_of(ref),
-            desired_objects=desired_objects,
             record_key=rkey,
             desired_record=record,
             observed_record=observed_record,
