@@ -20,7 +20,18 @@ import aiohttp
 import orjson
 
 from ..errors import EtcdError, WatchCanceled
-from .types import Compare, KeyValue, Op, RangePage, TxnResult, WatchEvent, b64, b64_range_end, kv_of, txn_body
+from .types import (
+    Compare,
+    KeyValue,
+    Op,
+    RangePage,
+    TxnResult,
+    WatchEvent,
+    b64,
+    b64_range_end,
+    kv_of,
+    txn_body,
+)
 
 # One watch response is one JSON line; a burst of large transactions can make it big.
 _MAX_WATCH_LINE = 64 * 1024 * 1024

@@ -10,7 +10,7 @@ import base64
 import binascii
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 
 def b64(data: str) -> str:
@@ -34,8 +34,7 @@ def b64_range_end(prefix: str) -> str:
     return base64.b64encode(b"\x00").decode()
 
 
-@dataclass(frozen=True, slots=True)
-class KeyValue:
+class KeyValue(NamedTuple):
     """One key as read from etcd."""
 
     key: str
@@ -44,8 +43,7 @@ class KeyValue:
     create_revision: int
 
 
-@dataclass(frozen=True, slots=True)
-class Compare:
+class Compare(NamedTuple):
     """A txn guard on a key's mod_revision (or create_revision with `target="CREATE"`).
 
     `prefix=True` compares every key under `key` (one range compare).
@@ -64,8 +62,7 @@ class Compare:
         return f'{{"key":"{b64(self.key)}","target":"{self.target}","result":"{self.result}","{field}":"{self.mod_revision}"{end}}}'
 
 
-@dataclass(frozen=True, slots=True)
-class Op:
+class Op(NamedTuple):
     """A txn operation: put `value` at `key` (attached to `lease` if set), or delete `key` when `value` is None."""
 
     key: str

@@ -9,14 +9,14 @@ subtree, so a concurrent or stale writer fails and re-plans instead of overwriti
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from ..etcd.types import Compare
 from ..keys import IngressRef
 from ..store.records import Record
 
 
-@dataclass(frozen=True, slots=True)
-class Change:
+class Change(NamedTuple):
     """One key change: `old` None means added, `new` None means removed."""
 
     key: str
