@@ -207,9 +207,21 @@ def test_a_tombstone_refuses_older_upserts_and_accepts_newer() -> None:
 
 def test_plan_ingress_with_no_difference_is_none() -> None:
     assert plan_ingress(
-        owner=IngressRef("a", "b"), desired={"k": "v"}, observed_objects={"o": {"k": ("v", 3)}},
+        owner=IngressRef("a", "b"), desired={"k": "v"}, observed_objects={"o": {"k": ("v", 3)}}, desired_objects=("o",),
         record_key="rec", desired_record=None, observed_record=None,
     ) is None
+
+
+def test_objects_not_seen_yet_are_guarded_once_a_record_is_seen() -> None:
+    rec = record("llama", upstream=UP)
+    common = {"owner": rec.key, "desired": {"o/k": "v"}, "observed_objects": {}, "desired_objects": ("o",),
+              "record_key": "rec", "desired_record": rec}
+    # A brand-new ingress: the record compare alone.
+    new = plan_ingress(**common, observed_record=None)
+    assert new is not None and new.compares == [Compare("rec", "EQUAL", 0)]
+    # A peer's record seen before its keys (another watch): its objects must still be empty.
+    seen = plan_ingress(**common, observed_record=("other", 5))
+    assert seen is not None and seen.compares == [Compare("rec", "EQUAL", 5), Compare("o/", "LESS", 1, prefix=True)]
 
 
 def test_format_prints_added_removed_changed_and_foreign() -> None:

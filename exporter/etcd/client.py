@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import re
 import json
 import ssl
 import time
@@ -27,6 +28,7 @@ from .types import (
     RangePage,
     TxnResult,
     WatchEvent,
+    WatchLine,
     b64,
     b64_range_end,
     kv_of,
@@ -283,17 +285,7 @@ class EtcdClient:
                     raise EtcdError(_error_text(await resp.read(), resp.status), status=resp.status)
                 while line := await resp.content.readline(max_line_length=_MAX_WATCH_LINE):
                     self._answered()
-                    if not line.strip():
-                        continue
-                    result = orjson.loads(line).get("result", {})
-                    if result.get("canceled"):
-                        compact = int(result.get("compact_revision", 0))
-                        raise WatchCanceled(result.get("cancel_reason", "watch canceled"), compact)
-                    events = [
-                        WatchEvent(ev["kv"], int(ev["kv"].get("mod_revision", 0)), ev.get("type") == "DELETE")
-                        for ev in result.get("events") or []
-                    ]
-                    if events:
+                    if events := _watch_events(line):
                         yield events
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
             self._current = (self._current + 1) % len(self._endpoints)
@@ -302,6 +294,21 @@ class EtcdClient:
             raise (error if isinstance(exc, asyncio.TimeoutError) else self._failed(error)) from None
         self._current = (self._current + 1) % len(self._endpoints)
         raise EtcdError(f"watch on {url} ended", unavailable=True)
+
+
+# One per event of a watch message (the kv's own field; the header says "revision").
+_MOD_REVISION = re.compile(rb'"mod_revision":"(\d+)"')
+
+
+def _watch_events(line: bytes) -> list[WatchEvent]:
+    """The events of one watch message, left undecoded; raises WatchCanceled when etcd canceled the watch."""
+    if b'"canceled":true' in line:
+        result = orjson.loads(line).get("result", {})
+        raise WatchCanceled(result.get("cancel_reason", "watch canceled"), int(result.get("compact_revision", 0)))
+    if b'"events"' not in line:
+        return []  # a progress notification, or the creation ack
+    shared = WatchLine(line)
+    return [WatchEvent((shared, i), int(rev)) for i, rev in enumerate(_MOD_REVISION.findall(line))]
 
 
 def _token_rejected(status: int, payload: bytes) -> bool:

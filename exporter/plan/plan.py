@@ -86,6 +86,7 @@ def plan_ingress(
     owner: IngressRef,
     desired: dict[str, str] | None,
     observed_objects: dict[str, dict[str, tuple[str, int]]],
+    desired_objects: tuple[str, ...],
     record_key: str,
     desired_record: Record | None,
     observed_record: tuple[str, int] | None,
@@ -112,13 +113,17 @@ def plan_ingress(
     if not changes:
         return None
     # The record guards against every other exporter (they write it with the keys); a range
-    # compare per existing object guards its keys against any other writer. An object being
-    # created has no key to guard: a foreign key written into it meanwhile is seen by the
-    # watch and repaired like any drift (one range compare less per new object: etcd scans
-    # each range on every transaction, the main cost of a bulk sync after the JSON).
+    # compare per object guards its keys against any other writer, and against a mirror that
+    # has seen a peer's record but not yet its keys (two watches). A brand-new ingress (no
+    # record anywhere) needs no range compare for the objects it creates: no exporter wrote
+    # them, and a foreign key written into one meanwhile is seen by the watch and repaired
+    # like any drift. That saves etcd a range scan per object on every creation, the bulk
+    # of a bulk sync.
     compares = [Compare(record_key, "EQUAL", observed_record[1] if observed_record else 0)]
-    for obj in sorted(observed_objects):
-        newest = max((mod for _v, mod in observed_objects[obj].values()), default=0)
+    guarded = set(observed_objects) if observed_record is None else set(observed_objects) | set(desired_objects)
+    for obj in sorted(guarded):
+        keys = observed_objects.get(obj, {})
+        newest = max((mod for _v, mod in keys.values()), default=0)
         compares.append(Compare(obj + "/", "LESS", newest + 1, prefix=True))
     return UnitPlan(
         name=str(owner),

@@ -82,6 +82,7 @@ class Planner:
             # No record anywhere: whatever carries this name is not ours.
             return None
         desired_kv: dict[str, str] | None = None
+        desired_objects: tuple[str, ...] = ()
         if record is not None and not record.removed:
             try:
                 rendered = self._renderer.render(record.ingress, ejections.ejected(ref, record.ingress), record.content)
@@ -90,10 +91,13 @@ class Planner:
                 logger.error("not writing {}: {}", ref, exc.title)
                 return None
             desired_kv = rendered.kv
+            if observed_record is not None:  # only then are range compares on new objects needed
+                desired_objects = tuple(f"{rendered.root}/{o}" for o in rendered.objects)
         return plan_ingress(
             owner=ref,
             desired=desired_kv,
             observed_objects=observed.objects_of(ref),
+            desired_objects=desired_objects,
             record_key=rkey,
             desired_record=record,
             observed_record=observed_record,
