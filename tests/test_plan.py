@@ -214,13 +214,16 @@ def test_plan_ingress_with_no_difference_is_none() -> None:
 
 def test_objects_not_seen_yet_are_guarded_once_a_record_is_seen() -> None:
     rec = record("llama", upstream=UP)
-    common = {"owner": rec.key, "desired": {"o/k": "v"}, "observed_objects": {}, "desired_objects": ("o",),
-              "record_key": "rec", "desired_record": rec}
+
+    def unit(observed_record: tuple[str, int] | None) -> UnitPlan | None:
+        return plan_ingress(owner=rec.key, desired={"o/k": "v"}, observed_objects={}, desired_objects=("o",),
+                            record_key="rec", desired_record=rec, observed_record=observed_record)
+
     # A brand-new ingress: the record compare alone.
-    new = plan_ingress(**common, observed_record=None)
+    new = unit(None)
     assert new is not None and new.compares == [Compare("rec", "EQUAL", 0)]
     # A peer's record seen before its keys (another watch): its objects must still be empty.
-    seen = plan_ingress(**common, observed_record=("other", 5))
+    seen = unit(("other", 5))
     assert seen is not None and seen.compares == [Compare("rec", "EQUAL", 5), Compare("o/", "LESS", 1, prefix=True)]
 
 
