@@ -112,28 +112,38 @@ def plan_ingress(
         changes.append(Change(record_key, old_record, record_value))
     if not changes:
         return None
-    # The record guards against every other exporter (they write it with the keys); a range
-    # compare per object guards its keys against any other writer, and against a mirror that
-    # has seen a peer's record but not yet its keys (two watches). A brand-new ingress (no
-    # record anywhere) needs no range compare for the objects it creates: no exporter wrote
-    # them, and a foreign key written into one meanwhile is seen by the watch and repaired
-    # like any drift. That saves etcd a range scan per object on every creation, the bulk
-    # of a bulk sync.
+    return UnitPlan(
+        name=str(owner),
+        changes=order_changes(changes, record_key),
+        compares=_guards(record_key, observed_record, observed_objects, desired_objects),
+        owner=owner,
+        record=desired_record,
+        removed=desired is None,
+        root=root,
+    )
+
+
+def _guards(
+    record_key: str, observed_record: tuple[str, int] | None,
+    observed_objects: dict[str, dict[str, tuple[str, int]]], desired_objects: tuple[str, ...],
+) -> list[Compare]:
+    """The compares of one ingress's transaction.
+
+    The record guards against every other exporter (they write it with the keys); a range
+    compare per object guards its keys against any other writer, and against a mirror that
+    has seen a peer's record but not yet its keys (two watches). A brand-new ingress (no
+    record anywhere) needs no range compare for the objects it creates: no exporter wrote
+    them, and a foreign key written into one meanwhile is seen by the watch and repaired
+    like any drift. That saves etcd a range scan per object on every creation, the bulk of
+    a bulk sync.
+    """
     compares = [Compare(record_key, "EQUAL", observed_record[1] if observed_record else 0)]
     guarded = set(observed_objects) if observed_record is None else set(observed_objects) | set(desired_objects)
     for obj in sorted(guarded):
         keys = observed_objects.get(obj, {})
         newest = max((mod for _v, mod in keys.values()), default=0)
         compares.append(Compare(obj + "/", "LESS", newest + 1, prefix=True))
-    return UnitPlan(
-        name=str(owner),
-        changes=order_changes(changes, record_key),
-        compares=compares,
-        owner=owner,
-        record=desired_record,
-        removed=desired is None,
-        root=root,
-    )
+    return compares
 
 
 def plan_root(
