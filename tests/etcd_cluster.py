@@ -3,19 +3,37 @@
 from __future__ import annotations
 
 import json
+import random
+import socket
 import subprocess
 import time
 import urllib.request
 from pathlib import Path
 
-from exporter.embedded import EmbeddedEtcd, etcd_binary, free_port, wait_http
+from exporter.embedded import EmbeddedEtcd, etcd_binary, wait_http
+
+# Members are killed and restarted on their ports: ports below the kernel's ephemeral range
+# (32768-60999 by default) cannot be taken meanwhile by an outgoing connection's local port.
+_STABLE_PORTS = range(20000, 32768)
+
+
+def stable_port() -> int:
+    """A loopback port outside the ephemeral range that is free now."""
+    for port in random.sample(_STABLE_PORTS, 200):
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port below the ephemeral range")
 
 
 def start_cluster(workdir: Path, members: int = 3, timeout: float = 30) -> list[EmbeddedEtcd]:
     """Start `members` etcd processes forming one cluster; wait until every one is healthy."""
     names = [f"m{i}" for i in range(members)]
-    clients = [free_port() for _ in names]
-    peers = [free_port() for _ in names]
+    clients = [stable_port() for _ in names]
+    peers = [stable_port() for _ in names]
     initial = ",".join(f"{n}=http://127.0.0.1:{p}" for n, p in zip(names, peers, strict=True))
     started = []
     for name, client, peer in zip(names, clients, peers, strict=True):
