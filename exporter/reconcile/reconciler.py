@@ -27,9 +27,6 @@ from .commit import Committer
 from .inbox import Inbox
 from .intents import Intents, answered
 from .loop import SHUTTING_DOWN, Cadence, Loop, Status
-
-# Ingresses admitted (rendered) between two yields to the event loop.
-_ADMIT_STEP = 64
 from .mirror import Mirror
 
 
@@ -119,23 +116,17 @@ class Reconciler:
         """Check one request, queue it, and wait until all of it is committed (or raise; then nothing was written)."""
         if not self.status.etcd_ok and self.status.synced:
             raise EtcdUnavailable("etcd is unreachable; nothing was written")
-        await self._admit(upserts)
         intents = self._intents.stage(self._checked(upserts, removes))
         self._inbox.poke()
         await answered(intents)
 
-    async def _admit(self, upserts: Sequence[Record]) -> None:
-        """Refuse (raise) before anything is queued: every ingress is rendered now (and the cache warmed)."""
-        for n, upsert in enumerate(upserts, 1):
-            self._admission.admit(upsert.ingress)
-            self._planner.admit(upsert, self._ejections)
-            if n % _ADMIT_STEP == 0:
-                await asyncio.sleep(0)  # a big request must not stall the writes in flight
-
     def _checked(self, upserts: Sequence[Record], removes: Sequence[Removal]) -> list[tuple[IngressRef, Record]]:
-        """The record each ingress of an admitted request must become (no await: staged as one step)."""
+        """The record each ingress of a request must become; raises (writing nothing) when any is refused."""
         changes: list[tuple[IngressRef, Record]] = []
         for upsert in upserts:
+            self._admission.admit(upsert.ingress)
+            # Rendered now (and the cache warmed): a record Traefik would reject is refused before queueing.
+            self._planner.admit(upsert, self._ejections)
             stored = self._intents.desired(upsert.key)
             noop = classify_upsert(stored, upsert) == "noop"
             changes.append((upsert.key, stored if noop and stored is not None else upsert))
