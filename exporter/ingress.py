@@ -139,10 +139,9 @@ def parse_upstream_url(value: str, schemes: tuple[str, ...]) -> tuple[str, str, 
         # The common case (scheme://ipv4-or-name:port), checked without urlsplit.
         host = simple["host"]
         if host[0].isdigit() and host.replace(".", "").isdigit():
-            try:
-                ipaddress.ip_address(host)
-            except ValueError:
-                raise ValueError(f"{host} is not a valid IP address") from None
+            # Four octets (the pattern), each 0-255 without a leading zero: what ip_address accepts.
+            if any(int(octet) > 255 or (octet[0] == "0" and octet != "0") for octet in host.split(".")):
+                raise ValueError(f"{host} is not a valid IP address")
         else:
             _hostname(host)
         return simple["scheme"], host, int(simple["port"])

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import ipaddress
 from typing import Any
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from exporter.ingress import (
@@ -15,6 +18,7 @@ from exporter.ingress import (
     ServersUpstream,
     RemoveRequest,
     field_errors,
+    parse_upstream_url,
 )
 
 BASE: dict[str, Any] = {
@@ -243,3 +247,19 @@ def test_a_trailing_newline_is_not_a_label(field: str) -> None:
     assert locs(**{field: "llama\n"}) == [field]
     assert locs(hosts=["llama.test\n"]) == ["hosts.0"]
     assert locs(path_prefix="/v1\n") == ["path_prefix"]
+
+
+@given(st.lists(st.from_regex(r"\A[0-9]{1,3}\Z"), min_size=4, max_size=4))
+def test_dotted_quads_are_accepted_exactly_when_ip_address_accepts_them(octets: list[str]) -> None:
+    host = ".".join(octets)
+    try:
+        ipaddress.ip_address(host)
+        valid = True
+    except ValueError:
+        valid = False
+    try:
+        parse_upstream_url(f"http://{host}:8000", ("http",))
+        accepted = True
+    except ValueError:
+        accepted = False
+    assert accepted is valid, host

@@ -9,7 +9,6 @@ carry a stack trace, an input value or a secret.
 from __future__ import annotations
 
 import ipaddress
-import json
 from collections.abc import Awaitable, Callable
 from typing import Protocol, TypeVar
 
@@ -94,12 +93,10 @@ async def read_body(request: web.Request, model: type[M], max_body_bytes: int) -
         raise BodyTooLarge(f"request body is larger than {max_body_bytes} bytes")
     raw = await request.read()
     try:
-        data = json.loads(raw)
-    except (ValueError, RecursionError):
-        raise ValidationFailed("the body is not valid JSON", {"errors": [{"loc": "", "msg": "invalid JSON"}]}) from None
-    try:
-        return model.model_validate(data)
+        return model.model_validate_json(raw)  # parsed and validated in one pass
     except ValidationError as exc:
+        if any(e["type"] == "json_invalid" for e in exc.errors(include_input=False, include_url=False)):
+            raise ValidationFailed("the body is not valid JSON", {"errors": [{"loc": "", "msg": "invalid JSON"}]}) from None
         errors = field_errors(exc)
         raise ValidationFailed(f"{len(errors)} invalid field(s) in the request", {"errors": errors}) from None
     except RecursionError:
