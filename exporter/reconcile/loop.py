@@ -108,14 +108,23 @@ class Loop:
 
     async def _gather_burst(self) -> None:
         # Gather the rest of a burst so it shares transactions (and one Traefik reload), for at
-        # most one window counted from the oldest queued request: under steady load the queue
-        # fills while the previous batch commits, and nothing waits more. A lone request is
-        # written at once: coalescing must not cost it latency.
+        # most one window counted from the oldest queued request. A lone request is written at
+        # once: coalescing must not cost it latency. The window ends early once as many
+        # requests are queued as the previous batch answered: clients that wait for their
+        # answer before pushing again (the usual coordinator) have all come back, and waiting
+        # longer would only slow them down while adding nothing to the batch.
         window = self._cadence.coalesce_window
-        if window and self._in_burst():
-            remaining = window - (time.monotonic() - self._intents.queued_at)
-            if remaining > 0:
-                await asyncio.sleep(remaining)
+        if not window or not self._in_burst():
+            return
+        deadline = self._intents.queued_at + window
+        steady = time.monotonic() - self._last_batch < window and self._last_batch_requests > 1
+        expected = self._last_batch_requests if steady else None
+        while expected is None or self._intents.queued_requests < expected:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return
+            self._inbox.clear()
+            await self._inbox.wait(remaining)
 
     def _in_burst(self) -> bool:
         """Several requests queued, or the previous batch had several and ended within the window."""
