@@ -65,19 +65,25 @@ class Plan:
         return [c for unit in self.units for c in unit.changes]
 
 
-def _is_router(key: str) -> bool:
-    return "/routers/" in key
-
-
 def order_changes(changes: list[Change], record_key: str | None) -> list[Change]:
-    """Order changes so that every prefix of the list is safe to commit on its own."""
-    record_put = [c for c in changes if c.key == record_key and c.new is not None]
-    record_del = [c for c in changes if c.key == record_key and c.new is None]
-    rest = [c for c in changes if c.key != record_key]
-    router_del = [c for c in rest if c.new is None and _is_router(c.key)]
-    other_put = [c for c in rest if c.new is not None and not _is_router(c.key)]
-    router_put = [c for c in rest if c.new is not None and _is_router(c.key)]
-    other_del = [c for c in rest if c.new is None and not _is_router(c.key)]
+    """Order changes so that every prefix of the list is safe to commit on its own.
+
+    Record put, router deletes, other puts, router puts, other deletes, record delete (one
+    pass: this runs for every ingress of a bulk sync).
+    """
+    record_put: list[Change] = []
+    router_del: list[Change] = []
+    other_put: list[Change] = []
+    router_put: list[Change] = []
+    other_del: list[Change] = []
+    record_del: list[Change] = []
+    for change in changes:
+        if change.key == record_key:
+            (record_del if change.new is None else record_put).append(change)
+        elif "/routers/" in change.key:
+            (router_del if change.new is None else router_put).append(change)
+        else:
+            (other_del if change.new is None else other_put).append(change)
     return record_put + router_del + other_put + router_put + other_del + record_del
 
 
@@ -93,19 +99,13 @@ def plan_ingress(
     root: str = "",
 ) -> UnitPlan | None:
     """Diff one ingress: `desired` keys (None: remove it) against what etcd holds for it."""
-    changes: list[Change] = []
-    observed_keys: dict[str, str] = {}
-    for keys in observed_objects.values():
-        for key, (value, _mod) in keys.items():
-            observed_keys[key] = value
     want = desired or {}
-    for key, value in want.items():
-        old = observed_keys.get(key)
-        if old != value:
-            changes.append(Change(key, old, value))
-    for key, value in observed_keys.items():
-        if key not in want:
-            changes.append(Change(key, value, None))
+    observed_keys = {key: value for keys in observed_objects.values() for key, (value, _mod) in keys.items()}
+    if observed_keys:
+        changes = [Change(key, observed_keys.get(key), value) for key, value in want.items() if observed_keys.get(key) != value]
+        changes += [Change(key, value, None) for key, value in observed_keys.items() if key not in want]
+    else:  # nothing of it in etcd yet (every ingress of a bulk sync)
+        changes = [Change(key, None, value) for key, value in want.items()]
     record_value = desired_record.to_value() if desired_record is not None else None
     old_record = observed_record[0] if observed_record else None
     if record_value != old_record:

@@ -82,6 +82,16 @@ def _group(upstream: ServersUpstream | AiProxyMultiUpstream | PluginUpstream, ej
     return {"kind": upstream.kind, "instances": instances}
 
 
+def _fast_fields(ingress: Ingress) -> dict[str, Any]:
+    """The fields of `ingress` the built-in fast path reads, as `model_dump(mode="json")` has them."""
+    tls = ingress.upstream_tls
+    return {
+        "protocol": ingress.protocol, "path_prefix": ingress.path_prefix, "hosts": ingress.hosts,
+        "allowed_client_ips": ingress.allowed_client_ips,
+        "upstream_tls": tls.model_dump(mode="json") if tls is not None else None,
+    }
+
+
 def _router_tls(tls: bool | RouterTls | None) -> bool | dict[str, Any] | None:
     """The router's `tls` section in Traefik's shape: True (default certificate), a section, or None."""
     if tls is None or tls is False:
@@ -190,8 +200,10 @@ class Renderer:
             primary["service"], canary["service"] = f"{name}_primary", f"{name}_canary"
             primary["weight"], canary["weight"] = _split_weights(ingress.canary.weight, primary, canary)
             groups = [primary, canary]
+        fast = ingress.protocol in self._builtin
         context = {
-            "ingress": ingress.model_dump(mode="json"),
+            # The fast path reads five fields; a whole JSON dump is for templates.
+            "ingress": _fast_fields(ingress) if fast else ingress.model_dump(mode="json"),
             "middlewares": ([f"{name}_allow"] if ingress.allowed_client_ips else []) + (ingress.middlewares or []),
             "router_tls": _router_tls(ingress.tls),
             "ip_strategy": _ip_strategy(ingress),
@@ -202,7 +214,7 @@ class Renderer:
             "canary": canary,
             "groups": groups,
         }
-        if ingress.protocol in self._builtin:
+        if fast:
             data = builtin.fragment(context)
         else:
             data = _validated(self._template_text(template_name, context, ingress), template_name, name, ingress)
