@@ -7,7 +7,6 @@ of a sidecar that died expires with it. Everyone follows the prefix; the leader 
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import Callable
 from typing import Any
@@ -15,8 +14,9 @@ from typing import Any
 from loguru import logger
 
 from ..errors import EtcdError
+from ..etcd.follow import follow_prefix
 from ..etcd.store import EtcdStore
-from ..etcd.types import Op
+from ..etcd.types import KeyValue, Op, WatchEvent
 from ..keys import KeyLayout
 
 # A peer's report changed: (identity, its runs; None when the report is gone).
@@ -47,27 +47,24 @@ class PassiveReports:
 
     async def follow(self, on_report: OnReport) -> None:
         """Call `on_report` for every report now there and every later change (list, then watch; re-list after a failure)."""
-        backoff = 0.2
         known: set[str] = set()
-        while True:
-            try:
-                page = await self._etcd.range_prefix(self.prefix)
-                now = {kv.key[len(self.prefix) :]: kv.value for kv in page.kvs}
-                for identity in known - now.keys():
-                    on_report(identity, None)
-                known = set(now)
-                for identity, value in now.items():
-                    on_report(identity, _runs(value))
-                async for events in self._etcd.watch_prefix(self.prefix, page.revision + 1, idle_timeout=60):
-                    for event in events:
-                        identity = event.key[len(self.prefix) :]
-                        (known.add if event.value is not None else known.discard)(identity)
-                        on_report(identity, _runs(event.value))
-                    backoff = 0.2
-            except EtcdError as exc:
-                logger.debug("passive reports watch ended ({}); re-listing", exc.title)
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 5.0)
+
+        def listed(kvs: list[KeyValue]) -> None:
+            now = {kv.key[len(self.prefix) :]: kv.value for kv in kvs}
+            for identity in known - now.keys():
+                on_report(identity, None)
+            known.clear()
+            known.update(now)
+            for identity, value in now.items():
+                on_report(identity, _runs(value))
+
+        def changed(events: list[WatchEvent]) -> None:
+            for event in events:
+                identity, value = event.key[len(self.prefix) :], event.value
+                (known.add if value is not None else known.discard)(identity)
+                on_report(identity, _runs(value))
+
+        await follow_prefix(self._etcd, self.prefix, listed, changed)
 
 
 def _runs(value: str | None) -> list[list[Any]] | None:

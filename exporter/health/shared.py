@@ -18,8 +18,9 @@ from typing import Any
 from loguru import logger
 
 from ..errors import EtcdError
+from ..etcd.follow import follow_prefix
 from ..etcd.store import EtcdStore
-from ..etcd.types import Op
+from ..etcd.types import KeyValue, Op, WatchEvent
 from ..keys import IngressRef, KeyLayout
 from ..roles import LeaderPolicy
 
@@ -81,24 +82,19 @@ class SharedHealth:
 
     async def run_reader(self, on_change: Callable[[], None]) -> None:
         """Follow the published documents (list, then watch; re-list after any failure); `on_change` after each update."""
-        backoff = 0.2
-        prefix = self._layout.health_dir
-        while True:
-            try:
-                page = await self._etcd.range_prefix(prefix)
-                self.docs = {}
-                for kv in page.kvs:
-                    self._apply(kv.key, kv.value)
-                on_change()
-                async for events in self._etcd.watch_prefix(prefix, page.revision + 1, idle_timeout=60):
-                    for event in events:
-                        self._apply(event.key, event.value)
-                    on_change()
-                    backoff = 0.2
-            except EtcdError as exc:
-                logger.debug("health watch ended ({}); re-listing", exc.title)
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 5.0)
+
+        def listed(kvs: list[KeyValue]) -> None:
+            self.docs = {}
+            for kv in kvs:
+                self._apply(kv.key, kv.value)
+            on_change()
+
+        def changed(events: list[WatchEvent]) -> None:
+            for event in events:
+                self._apply(event.key, event.value)
+            on_change()
+
+        await follow_prefix(self._etcd, self._layout.health_dir, listed, changed)
 
     def _apply(self, key: str, value: str | None) -> None:
         owner = self._layout.health_ref(key)
