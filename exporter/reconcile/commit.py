@@ -124,18 +124,12 @@ class Committer:
         self, refs: list[IngressRef], requested: dict[IngressRef, int], dirty: Mapping[IngressRef, str], outcome: Outcome
     ) -> list[UnitPlan]:
         """Plan and write in chunks, so the next chunk is planned while earlier ones are in flight."""
+        if len(refs) <= _PIPELINE_CHUNK:  # one step (the usual push): written without a task of its own
+            plan, groups = self._plan_step(refs, requested, outcome, include_roots=True)
+            return await self._apply(plan, groups, dirty, outcome)
         applying: list[asyncio.Task[list[UnitPlan]]] = []
         for start in range(0, len(refs), _PIPELINE_CHUNK):
-            chunk = refs[start : start + _PIPELINE_CHUNK]
-            view = {r: record for r in chunk if (record := self._desired(r)) is not None}
-            plan = self._planner.plan(view, self._observed, chunk, self._ejections, include_roots=start == 0)
-            groups = {}
-            for ref in chunk:
-                error = self._planner.errors.get(ref)
-                if ref in requested and error is not None:
-                    outcome.failed[ref] = error
-                elif ref in requested:
-                    groups[ref] = requested[ref]
+            plan, groups = self._plan_step(refs[start : start + _PIPELINE_CHUNK], requested, outcome, include_roots=start == 0)
             applying.append(asyncio.create_task(self._apply(plan, groups, dirty, outcome)))
             await asyncio.sleep(0)  # let replies of transactions in flight be handled
         results = await asyncio.gather(*applying, return_exceptions=True)
@@ -145,6 +139,21 @@ class Committer:
                 raise result
             conflicted.extend(result)
         return conflicted
+
+    def _plan_step(
+        self, chunk: list[IngressRef], requested: Mapping[IngressRef, int], outcome: Outcome, *, include_roots: bool
+    ) -> tuple[Plan, dict[IngressRef, int]]:
+        """The plan of `chunk`, and the request group of each requested ingress in it (render errors fail theirs)."""
+        view = {r: record for r in chunk if (record := self._desired(r)) is not None}
+        plan = self._planner.plan(view, self._observed, chunk, self._ejections, include_roots=include_roots)
+        groups = {}
+        for ref in chunk:
+            error = self._planner.errors.get(ref)
+            if ref in requested and error is not None:
+                outcome.failed[ref] = error
+            elif ref in requested:
+                groups[ref] = requested[ref]
+        return plan, groups
 
     async def _apply(
         self, plan: Plan, groups: Mapping[IngressRef, int], reasons: Mapping[IngressRef, str], outcome: Outcome
@@ -185,9 +194,9 @@ class Committer:
                 pushed.setdefault(first, []).append(unit)
             else:
                 own.append([unit])
-        applies = [self._writer.apply(list(pushed.values()))]
-        if own:
-            applies.append(self._writer.apply(own, self._leader.fence()))
+        if not own:
+            return await self._writer.apply(list(pushed.values()))  # requests only: no task to schedule
+        applies = [self._writer.apply(list(pushed.values())), self._writer.apply(own, self._leader.fence())]
         result, *more = await asyncio.gather(*applies)
         for other in more:
             result.merge(other)
