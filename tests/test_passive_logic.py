@@ -3,14 +3,20 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from exporter.health.accesslog import LogFollower, Request, classify
+from exporter.health.checkers import load_kinds
+from exporter.health.engine import HealthEngine
+from exporter.health.kinds import BUILTIN
 from exporter.health.passive import PassiveHealth, PassivePolicy
+from exporter.health.passive_monitor import PassiveMonitor
 from exporter.keys import IngressRef, KeyLayout
+from exporter.roles import AlwaysLeader
 from tests.helpers import ingress
 
 STATUSES = frozenset({502, 503, 504})
@@ -213,3 +219,50 @@ def test_a_new_leader_adopts_published_ejections() -> None:
     successor.adopt({OWNER: doc, IngressRef("test", "other"): {"nodes": {}}})
     assert successor.ejected(OWNER) == {A}
     assert successor.ejections[OWNER][A] == p.ejections[OWNER][A]
+
+
+class _Replans:
+    def __init__(self) -> None:
+        self.refs: list[IngressRef] = []
+
+    def mark_dirty(self, refs: Sequence[IngressRef], reason: str) -> None:
+        self.refs.extend(refs)
+
+
+def monitor(health_check: dict[str, Any] | None = None) -> tuple[PassiveMonitor, HealthEngine, _Replans]:
+    replans = _Replans()
+    engine = HealthEngine(load_kinds(BUILTIN), replans, passive=passive(base_ejection_time=10))
+    fields: dict[str, Any] = {"upstream": {"servers": [{"url": A}, {"url": B}]}}
+    if health_check is not None:
+        fields["health_check"] = health_check
+    checked = ingress("llm", **fields)
+    engine.update(OWNER, checked)
+    assert engine.passive is not None
+    mon = PassiveMonitor(engine.passive, engine, AlwaysLeader(), ingress_of=lambda ref: checked,
+                         urls_of=lambda ref: frozenset({A, B}), follower=None, reports=None, clock=lambda: 100.0)
+    return mon, engine, replans
+
+
+def test_without_active_checks_a_server_returns_when_its_ejection_time_is_over() -> None:
+    mon, engine, replans = monitor()
+    fail(mon.passive, A, 5)
+    assert [u for _, u, _ in mon.passive.decide(OWNER, ingress("llm", upstream={"servers": [{"url": A}, {"url": B}]}), frozenset(), 100)] == [A]
+    mon.release_due(109.9)
+    assert mon.passive.ejected(OWNER) == {A}
+    mon.release_due(110)
+    assert mon.passive.ejected(OWNER) == frozenset() and replans.refs == [OWNER]
+
+
+def test_with_active_checks_a_server_returns_only_after_a_probe_passes_once_its_time_is_over() -> None:
+    mon, engine, replans = monitor({"enable": True, "interval": 1, "max_retries": 3, "initial_delay": 0})
+    node = engine.node(OWNER, A)
+    assert node is not None
+    node.success_at = 105.0  # a probe passed during the ejection: not enough
+    fail(mon.passive, A, 5)
+    list(mon.passive.decide(OWNER, ingress("llm", upstream={"servers": [{"url": A}, {"url": B}]}), frozenset(), 100))
+    mon.release_due(110)
+    mon.release_due(111)
+    assert mon.passive.ejected(OWNER) == {A} and replans.refs == []
+    node.success_at = 111.5  # the first probe after the ejection time passes
+    mon.release_due(112)
+    assert mon.passive.ejected(OWNER) == frozenset() and replans.refs == [OWNER]
