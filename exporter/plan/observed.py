@@ -51,11 +51,16 @@ class Observed:
             if known:
                 return  # already indexed
             obj = self.layout.object_of(key)
-            if obj is not None:
-                self._objects[obj].add(key)
-                owner = self.layout.object_key_of(obj)
-                if owner is not None:
-                    self._owners[owner].add(obj)
+            if obj is None:
+                return
+            members = self._objects.get(obj)
+            if members is not None:
+                members.add(key)  # the object, and so its owner, is indexed already
+                return
+            self._objects[obj].add(key)
+            owner = self.layout.object_key_of(obj)
+            if owner is not None:
+                self._owners[owner].add(obj)
             return
         if self.keys.pop(key, None) is None:
             return
