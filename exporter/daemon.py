@@ -7,6 +7,7 @@ import contextlib
 import gc
 import signal
 import ssl
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +29,7 @@ from .health.checkers import load_kinds
 from .health.engine import HealthEngine
 from .health.kinds import BUILTIN
 from .health.notify import Notifier
-from .health.passive import PassiveHealth, PassivePolicy, groups_of
+from .health.passive import PassiveHealth, PassivePolicy
 from .health.passive_monitor import PassiveMonitor
 from .health.reports import PassiveReports
 from .health.shared import SharedHealth
@@ -40,7 +41,7 @@ from .plan.planner import Planner
 from .reconcile import Cadence, Inbox, Reconciler, TxnLimits
 from .render.renderer import Renderer
 from .render.root_keys import load_certificate
-from .roles import AlwaysLeader
+from .roles import AlwaysLeader, LeaderPolicy
 from .sources.api import is_loopback, push_api_app
 from .sources.files import IngressFiles
 from .store.records import RecordStore
@@ -137,6 +138,27 @@ def _passive(settings: Settings, layout: KeyLayout) -> PassiveHealth | None:
     return PassiveHealth(policy, layout)
 
 
+def _notifier(settings: Settings, leader: LeaderPolicy, ingress_of: Callable[[IngressRef], Ingress | None]) -> Notifier | None:
+    if settings.health.notify_url is None:
+        return None
+    return Notifier(settings.health.notify_url, settings.notify_token(), leader, ingress_of)
+
+
+def _passive_monitor(
+    settings: Settings, layout: KeyLayout, passive: PassiveHealth | None, engine: HealthEngine,
+    ingress_of: Callable[[IngressRef], Ingress | None], leadership: Leadership | None,
+) -> PassiveMonitor | None:
+    if passive is None:
+        return None
+    access_log = settings.health.passive.access_log
+    # With an election, followers publish their runs under their campaign lease and the leader reads them.
+    reports = PassiveReports(leadership.etcd, layout, leadership.identity, leadership.lease) if leadership else None
+    return PassiveMonitor(
+        passive, engine, leadership or AlwaysLeader(), ingress_of=ingress_of,
+        follower=LogFollower(access_log) if access_log else None, reports=reports,
+    )
+
+
 def _discovery(settings: Settings) -> Discovery | None:
     d = settings.discovery
     if d.redis_url is None:
@@ -162,7 +184,7 @@ class Daemon:
                 self.etcd, layout.election_key, settings.leader.ttl, on_change=self._leadership_changed
             )
             self.shared = SharedHealth(self.etcd, layout, self.leadership.identity, self.leadership)
-        self.notifier = self._notifier(settings)
+        self.notifier = _notifier(settings, self.leadership or AlwaysLeader(), self._ingress)
         passive = _passive(settings, layout)
         self.health = HealthEngine(
             load_kinds(BUILTIN), inbox, concurrency=settings.health.concurrency, shared=self.shared,
@@ -174,7 +196,7 @@ class Daemon:
             store=RecordStore(self.health.update), observed=observed, inbox=inbox,
             leader=self.leadership or AlwaysLeader(), ejections=self.health, admission=self.health,
         )
-        self.passive = self._passive_monitor(settings, layout, passive)
+        self.passive = _passive_monitor(settings, layout, passive, self.health, self._ingress, self.leadership)
         self.observer = _observer(settings, layout, observed, self.reconciler.store)
         self.serving = Serving(
             layout, observed, lambda: self.reconciler.render_errors, self.observer, settings.api.served_timeout
@@ -190,33 +212,6 @@ class Daemon:
     def _ingress(self, owner: IngressRef) -> Ingress | None:
         record = self.reconciler.store.get(owner)
         return record.ingress if record is not None else None
-
-    def _notifier(self, settings: Settings) -> Notifier | None:
-        if settings.health.notify_url is None:
-            return None
-
-        def group_of(owner: IngressRef, url: str) -> str:
-            ingress = self._ingress(owner)
-            return next((label for label, urls in groups_of(ingress) if url in urls), "primary") if ingress else "primary"
-
-        return Notifier(settings.health.notify_url, settings.notify_token(), self.leadership or AlwaysLeader(), group_of)
-
-    def _passive_monitor(self, settings: Settings, layout: KeyLayout, passive: PassiveHealth | None) -> PassiveMonitor | None:
-        if passive is None:
-            return None
-        access_log = settings.health.passive.access_log
-        reports = None
-        if self.leadership is not None:
-            reports = PassiveReports(self.etcd, layout, self.leadership.identity, self.leadership.lease)
-
-        def urls_of(owner: IngressRef) -> frozenset[str]:
-            ingress = self._ingress(owner)
-            return frozenset(u for _, urls in groups_of(ingress) for u in urls) if ingress else frozenset()
-
-        return PassiveMonitor(
-            passive, self.health, self.leadership or AlwaysLeader(), ingress_of=self._ingress, urls_of=urls_of,
-            follower=LogFollower(access_log) if access_log else None, reports=reports,
-        )
 
     def _shared_changed(self) -> None:
         # Followers count the leader's states in their metrics and restart runs of servers it ejected.

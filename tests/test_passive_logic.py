@@ -239,7 +239,7 @@ def monitor(health_check: dict[str, Any] | None = None) -> tuple[PassiveMonitor,
     engine.update(OWNER, checked)
     assert engine.passive is not None
     mon = PassiveMonitor(engine.passive, engine, AlwaysLeader(), ingress_of=lambda ref: checked,
-                         urls_of=lambda ref: frozenset({A, B}), follower=None, reports=None, clock=lambda: 100.0)
+                         follower=None, reports=None, clock=lambda: 100.0)
     return mon, engine, replans
 
 

@@ -14,24 +14,16 @@ import asyncio
 import random
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from functools import partial
 from typing import Any, Protocol
 
 from loguru import logger
-from prometheus_client import Counter, Gauge, Histogram
+from prometheus_client import Counter, Histogram
 
 from ..errors import ValidationFailed
 from ..ingress import Ingress, PluginUpstream
 from ..keys import IngressRef
-from .checkers import (
-    CheckerKind,
-    CheckerTarget,
-    Node,
-    checker_entry,
-    passive_entry,
-    targets_of,
-)
+from . import report
+from .checkers import CheckerKind, CheckerTarget, Node, targets_of
 from .notify import Transitions
 from .passive import PassiveHealth
 from .probes import http_probe, tcp_probe
@@ -48,18 +40,10 @@ class Replan(Protocol):
 
 PROBES = Counter("exporter_health_probes_total", "health probes by result", ["result"])
 TRANSITIONS = Counter("exporter_health_transitions_total", "node routing changes", ["to"])
-NODES = Gauge("exporter_health_nodes", "checked nodes by state", ["state"])
 LAG = Histogram(
     "exporter_health_schedule_lag_seconds", "how late probes start against their schedule",
     buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 5),
 )
-
-
-@dataclass
-class _Checked:
-    target: CheckerTarget
-    nodes: dict[str, NodeHealth]
-    task: asyncio.Task[None] | None = None
 
 
 class HealthEngine:
@@ -85,7 +69,7 @@ class HealthEngine:
         self._replan = replan
         self._clock = clock
         self._limit = asyncio.Semaphore(concurrency)
-        self._checked: dict[IngressRef, dict[str, _Checked]] = {}
+        self._checked: dict[IngressRef, dict[str, report.Checked]] = {}
         self._running = False
         self._shared = shared
         self._rendered_urls = rendered_urls
@@ -110,12 +94,12 @@ class HealthEngine:
     def update(self, owner: IngressRef, ingress: Ingress | None) -> None:
         """Follow a record change: keep states of nodes that stay, start new ones, drop the rest."""
         old = self._checked.pop(owner, {})
-        new: dict[str, _Checked] = {}
+        new: dict[str, report.Checked] = {}
         for target in self.targets_of(ingress) if ingress is not None else []:
             previous = old.pop(target.name, None)
             now = self._clock()
             nodes = {n.url: (previous.nodes.get(n.url) if previous else None) or NodeHealth(added_at=now) for n in target.nodes}
-            checked = _Checked(target, nodes)
+            checked = report.Checked(target, nodes)
             if previous is not None and previous.target.check == target.check and previous.task is not None:
                 checked.task = previous.task  # same schedule; the task reads the new node set
                 previous.task = None
@@ -138,8 +122,8 @@ class HealthEngine:
 
         An exporter that is not probing (a follower) uses the states the leader published.
         """
-        if not self._running and self._shared is not None:
-            doc = self._shared.docs.get(owner) or {}
+        if (shared := self._followed()) is not None:
+            doc = shared.docs.get(owner) or {}
             published = doc.get("nodes", {})
             out = set(doc.get("passive", ()))
             for target in self.targets_of(ingress):
@@ -188,16 +172,7 @@ class HealthEngine:
 
     def document(self, owner: IngressRef) -> dict[str, Any] | None:
         """What the leader publishes for one ingress (None: no checkers and no passive ejection)."""
-        targets = self._checked.get(owner, {})
-        passive = self.passive.published(owner) if self.passive else {}
-        if not targets and not passive:
-            return None
-        nodes = {
-            url: {"status": health.state.value, "counter": health.counter()}
-            for checked in targets.values()
-            for url, health in checked.nodes.items()
-        }
-        return {"checkers": self._local_checkers(owner), "nodes": nodes, **passive}
+        return report.document(owner, self._checked.get(owner, {}), self.passive)
 
     def node(self, owner: IngressRef, url: str) -> NodeHealth | None:
         """The probed state of one server of `owner` (None: no active check covers it)."""
@@ -268,18 +243,14 @@ class HealthEngine:
 
     def count_states(self) -> None:
         """Refresh the nodes-by-state gauge (from the published states on a follower)."""
-        counts = {state: 0 for state in State}
-        if not self._running and self._shared is not None:
-            for doc in self._shared.docs.values():
-                for node in doc.get("nodes", {}).values():
-                    counts[State(node["status"])] += 1
+        if (shared := self._followed()) is not None:
+            report.count_states(State(n["status"]) for d in shared.docs.values() for n in d.get("nodes", {}).values())
         else:
-            for targets in self._checked.values():
-                for checked in targets.values():
-                    for health in checked.nodes.values():
-                        counts[health.state] += 1
-        for state, count in counts.items():
-            NODES.labels(state.value).set(count)
+            report.count_states(h.state for t in self._checked.values() for c in t.values() for h in c.nodes.values())
+
+    def _followed(self) -> SharedHealth | None:
+        # Not probing, with a leader to read from: report and render the published states.
+        return self._shared if not self._running else None
 
     # ----- views
 
@@ -288,21 +259,8 @@ class HealthEngine:
 
         A follower reports what the leader published, so every exporter answers the same.
         """
-        if not self._running and self._shared is not None:
-            docs = self._shared.docs
-            owners = [owner] if owner is not None else sorted(docs)
-            return [entry for o in owners for entry in (docs.get(o) or {}).get("checkers", [])]
+        if (shared := self._followed()) is not None:
+            return report.published_entries(shared.docs, owner)
         checked = set(self._checked) | (self.passive.owners() if self.passive else set())
         owners = [owner] if owner is not None else sorted(checked)
-        return [entry for o in owners for entry in self._local_checkers(o)]
-
-    def _local_checkers(self, o: IngressRef) -> list[dict[str, Any]]:
-        extra = partial(self.passive.node_entry, o) if self.passive else None
-        checked = sorted(self._checked.get(o, {}).items())
-        entries = [checker_entry(name, c.target, c.nodes, extra) for name, c in checked]
-        if extra is not None and self.passive is not None:
-            covered = {url for _, c in checked for url in c.nodes}
-            if rest := sorted(self.passive.urls(o) - covered):
-                entries.append(passive_entry(f"{o}/passive", rest, extra))
-        return entries
-
+        return [entry for o in owners for entry in report.entries(o, self._checked.get(o, {}), self.passive)]

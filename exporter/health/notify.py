@@ -21,8 +21,10 @@ import aiohttp
 from loguru import logger
 from prometheus_client import Counter, Gauge
 
+from ..ingress import Ingress
 from ..keys import IngressRef
 from ..roles import LeaderPolicy
+from .passive import group_of
 
 SENT = Counter("exporter_health_notifications_total", "node transitions delivered to health.notify_url")
 FAILED = Counter("exporter_health_notification_failures_total", "requests to health.notify_url that got no 2xx")
@@ -45,13 +47,13 @@ class Notifier:
     """Queues transitions (leader only) and delivers them to `url` in order, batched and retried."""
 
     def __init__(
-        self, url: str, token: str | None, leader: LeaderPolicy, group_of: Callable[[IngressRef, str], str], *,
+        self, url: str, token: str | None, leader: LeaderPolicy, ingress_of: Callable[[IngressRef], Ingress | None], *,
         min_interval: float = 1.0, max_backoff: float = 30.0, timeout: float = 10.0, max_batch: int = 1000,
     ) -> None:
         self._url = url
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._leader = leader
-        self._group_of = group_of
+        self._ingress_of = ingress_of
         self._min_interval = min_interval
         self._max_backoff = max_backoff
         self._timeout = timeout
@@ -64,7 +66,7 @@ class Notifier:
         if not self._leader.is_leader():
             return
         self._pending.append({
-            "authority": owner.authority, "id": owner.id, "group": self._group_of(owner, node), "node": node,
+            "authority": owner.authority, "id": owner.id, "group": group_of(self._ingress_of(owner), node), "node": node,
             "from": _state(not routed), "to": _state(routed), "reason": reason,
             "at": datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z"),
         })

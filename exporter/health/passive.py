@@ -84,6 +84,16 @@ def groups_of(ingress: Ingress) -> list[tuple[str, list[str]]]:
     return out
 
 
+def group_of(ingress: Ingress | None, url: str) -> str:
+    """The label of the group `url` belongs to (`primary` when it is in none)."""
+    return next((label for label, urls in groups_of(ingress) if url in urls), "primary") if ingress else "primary"
+
+
+def server_urls(ingress: Ingress | None) -> frozenset[str]:
+    """Every server and instance URL of `ingress` (empty for none)."""
+    return frozenset(u for _, urls in groups_of(ingress) for u in urls) if ingress else frozenset()
+
+
 @dataclass
 class PassiveHealth:
     """Failure runs (this sidecar's and its peers'), and the leader's ejections."""

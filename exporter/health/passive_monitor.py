@@ -19,7 +19,7 @@ from ..keys import IngressRef
 from ..roles import LeaderPolicy
 from .accesslog import LogFollower, classify
 from .engine import HealthEngine
-from .passive import PassiveHealth, UrlsOf
+from .passive import PassiveHealth, server_urls
 from .reports import PassiveReports
 
 # How often the leader looks for ejections whose time is over.
@@ -33,14 +33,13 @@ class PassiveMonitor:
 
     def __init__(
         self, passive: PassiveHealth, engine: HealthEngine, leader: LeaderPolicy, *,
-        ingress_of: Callable[[IngressRef], Ingress | None], urls_of: UrlsOf,
+        ingress_of: Callable[[IngressRef], Ingress | None],
         follower: LogFollower | None, reports: PassiveReports | None, clock: Callable[[], float] = time.time,
     ) -> None:
         self.passive = passive
         self._engine = engine
         self._leader = leader
         self._ingress_of = ingress_of
-        self._urls_of = urls_of
         self._follower = follower
         self._reports = reports
         self._clock = clock
@@ -65,7 +64,7 @@ class PassiveMonitor:
         statuses = self.passive.policy.failure_statuses
         async for lines in follower.batches():
             requests = [r for line in lines if (r := classify(line, statuses)) is not None]
-            changed = self.passive.observe(requests, self._urls_of, self._clock())
+            changed = self.passive.observe(requests, lambda owner: server_urls(self._ingress_of(owner)), self._clock())
             if changed:
                 self._report_due.set()
                 self._decide(changed)

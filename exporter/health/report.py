@@ -1,0 +1,71 @@
+"""What the health engine reports: `/v1/healthcheck` entries, the document the leader publishes, the state gauge.
+
+Pure views over the engine's node states (the leader's own, or the published ones a
+follower reads), so every sidecar answers the same.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+from prometheus_client import Gauge
+
+from ..keys import IngressRef
+from .checkers import CheckerTarget, checker_entry, passive_entry
+from .passive import PassiveHealth
+from .state import NodeHealth, State
+
+NODES = Gauge("exporter_health_nodes", "checked nodes by state", ["state"])
+
+
+@dataclass
+class Checked:
+    """One checker target of an ingress: its node states, and the task probing it."""
+
+    target: CheckerTarget
+    nodes: dict[str, NodeHealth]
+    task: asyncio.Task[None] | None = None
+
+
+def entries(owner: IngressRef, targets: Mapping[str, Checked], passive: PassiveHealth | None) -> list[dict[str, Any]]:
+    """The `/v1/healthcheck` entries of one ingress from the leader's own states, ordered by name."""
+    extra = partial(passive.node_entry, owner) if passive else None
+    checked = sorted(targets.items())
+    out = [checker_entry(name, c.target, c.nodes, extra) for name, c in checked]
+    if extra is not None and passive is not None:
+        covered = {url for _, c in checked for url in c.nodes}
+        if rest := sorted(passive.urls(owner) - covered):
+            out.append(passive_entry(f"{owner}/passive", rest, extra))
+    return out
+
+
+def published_entries(docs: Mapping[IngressRef, dict[str, Any]], owner: IngressRef | None) -> list[dict[str, Any]]:
+    """The entries the leader published, for one ingress or all (what a follower reports)."""
+    owners = [owner] if owner is not None else sorted(docs)
+    return [entry for o in owners for entry in (docs.get(o) or {}).get("checkers", [])]
+
+
+def document(owner: IngressRef, targets: Mapping[str, Checked], passive: PassiveHealth | None) -> dict[str, Any] | None:
+    """What the leader publishes for one ingress (None: no checkers and no passive ejection)."""
+    ejections = passive.published(owner) if passive else {}
+    if not targets and not ejections:
+        return None
+    nodes = {
+        url: {"status": health.state.value, "counter": health.counter()}
+        for checked in targets.values()
+        for url, health in checked.nodes.items()
+    }
+    return {"checkers": entries(owner, targets, passive), "nodes": nodes, **ejections}
+
+
+def count_states(states: Iterable[State]) -> None:
+    """Set the nodes-by-state gauge."""
+    counts = {state: 0 for state in State}
+    for state in states:
+        counts[state] += 1
+    for state, count in counts.items():
+        NODES.labels(state.value).set(count)
