@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 import signal
 import ssl
 from collections.abc import Callable
@@ -341,10 +340,6 @@ class Daemon:
         self.files.adopt(self.reconciler.store.by_authority())
         await self.files.sync_all()
         self.sources_applied = True
-        # Everything loaded so far lives as long as the daemon: out of the collector's sight, a
-        # full collection no longer walks 10,000 ingresses' objects in the middle of a push.
-        gc.collect()
-        gc.freeze()
         await self.files.follow(self.stop_event)
 
     async def stop(self) -> None:

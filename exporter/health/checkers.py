@@ -139,7 +139,7 @@ def passive_entry(name: str, urls: list[str], passive: Callable[[str], dict[str,
     for url in urls:
         extra = passive(url)
         status = "unhealthy" if "passive_ejection" in extra else "healthy"
-        nodes.append(_node_entry(Node(url), status, {"success": 0, "http_failure": 0, "tcp_failure": 0, "timeout_failure": 0}, passive))
+        nodes.append(_node_entry(Node(url), status, NodeHealth(added_at=0).counter(), passive))
     return {"name": name, "type": "passive", "nodes": nodes}
 
 

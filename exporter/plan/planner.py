@@ -91,8 +91,7 @@ class Planner:
                 logger.error("not writing {}: {}", ref, exc.title)
                 return None
             desired_kv = rendered.kv
-            if observed_record is not None:  # only then are range compares on new objects needed
-                desired_objects = tuple(f"{rendered.root}/{o}" for o in rendered.objects)
+            desired_objects = tuple(f"{rendered.root}/{o}" for o in rendered.objects)
         return plan_ingress(
             owner=ref,
             desired=desired_kv,

@@ -124,9 +124,6 @@ class Committer:
         self, refs: list[IngressRef], requested: dict[IngressRef, int], dirty: Mapping[IngressRef, str], outcome: Outcome
     ) -> list[UnitPlan]:
         """Plan and write in chunks, so the next chunk is planned while earlier ones are in flight."""
-        if len(refs) <= _PIPELINE_CHUNK:  # one step (the usual push): written without a task of its own
-            plan, groups = self._plan_step(refs, requested, outcome, include_roots=True)
-            return await self._apply(plan, groups, dirty, outcome)
         applying: list[asyncio.Task[list[UnitPlan]]] = []
         for start in range(0, len(refs), _PIPELINE_CHUNK):
             plan, groups = self._plan_step(refs[start : start + _PIPELINE_CHUNK], requested, outcome, include_roots=start == 0)
@@ -194,9 +191,9 @@ class Committer:
                 pushed.setdefault(first, []).append(unit)
             else:
                 own.append([unit])
-        if not own:
-            return await self._writer.apply(list(pushed.values()))  # requests only: no task to schedule
-        applies = [self._writer.apply(list(pushed.values())), self._writer.apply(own, self._leader.fence())]
+        applies = [self._writer.apply(list(pushed.values()))]
+        if own:
+            applies.append(self._writer.apply(own, self._leader.fence()))
         result, *more = await asyncio.gather(*applies)
         for other in more:
             result.merge(other)

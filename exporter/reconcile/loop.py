@@ -117,8 +117,7 @@ class Loop:
         if not window or not self._in_burst():
             return
         deadline = self._intents.queued_at + window
-        steady = time.monotonic() - self._last_batch < window and self._last_batch_requests > 1
-        expected = self._last_batch_requests if steady else None
+        expected = self._last_batch_requests if self._steady() else None
         while expected is None or self._intents.queued_requests < expected:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
@@ -127,12 +126,13 @@ class Loop:
             await self._inbox.wait(remaining)
 
     def _in_burst(self) -> bool:
-        """Several requests queued, or the previous batch had several and ended within the window."""
+        """Several requests queued, or one while a burst lasts."""
         queued = self._intents.queued_requests
-        if queued > 1:
-            return True
-        recent = time.monotonic() - self._last_batch < self._cadence.coalesce_window
-        return bool(queued) and recent and self._last_batch_requests > 1
+        return queued > 1 or (bool(queued) and self._steady())
+
+    def _steady(self) -> bool:
+        """A burst lasts: the previous batch answered several requests and ended within the window."""
+        return time.monotonic() - self._last_batch < self._cadence.coalesce_window and self._last_batch_requests > 1
 
     async def _turn(self, next_full: float) -> float:
         if self._inbox.relist_requested:

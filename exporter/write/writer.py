@@ -100,10 +100,7 @@ class Writer:
         result = ApplyResult()
         jobs = [self._commit_whole(t, fence, result) for t in txns]
         jobs += [self._commit_chunks(chunks, fence, result) for chunks in split]
-        if len(jobs) == 1:
-            await jobs[0]  # the usual push: no task to schedule, one hop less
-        else:
-            await asyncio.gather(*jobs)
+        await asyncio.gather(*jobs)
         return result
 
     def _beacons(self, txn: Txn) -> list[Change]:
