@@ -32,6 +32,7 @@ from exporter.config import Settings  # noqa: E402
 from exporter.daemon import build_reconciler  # noqa: E402
 from exporter.embedded import free_port  # noqa: E402
 from exporter.etcd.client import EtcdClient  # noqa: E402
+from exporter.gc_tuning import tune_gc  # noqa: E402
 from exporter.reconcile import Reconciler  # noqa: E402
 from exporter.store.records import Record  # noqa: E402
 
@@ -132,6 +133,7 @@ async def main() -> None:
     parser.add_argument("--rss", action="store_true", help="only the daemon's RSS")
     args = parser.parse_args()
     logger.remove()
+    tune_gc()  # the reconciler runs in this process: collected as in the daemon
     n = args.ingresses
     if args.profile:
         cpu = time.process_time()

@@ -98,8 +98,10 @@ def cmd_render(args: argparse.Namespace) -> int:
 def cmd_run(args: argparse.Namespace) -> int:
     """Run the daemon (or the embedded first-run demo)."""
     from .daemon import Daemon
+    from .gc_tuning import tune_gc
     from .logs import setup_logging
 
+    tune_gc()
     if args.embedded:
         from .embedded_demo import run_embedded
 

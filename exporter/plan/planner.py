@@ -33,8 +33,14 @@ class Planner:
         return self._errors
 
     def admit(self, record: Record, ejections: Ejections = _NO_EJECTIONS) -> None:
-        """Render `record` now (warming the cache); raise TemplateError when Traefik would reject it."""
-        self._renderer.render(record.ingress, ejections.ejected(record.key, record.ingress), record.content)
+        """Raise TemplateError when Traefik would reject what `record` renders to.
+
+        Only a user template can fail: those ingresses are rendered now (warming the cache);
+        the others are rendered when planned, so a large request's first transactions are
+        written while the rest of it is still being rendered.
+        """
+        if self._renderer.may_refuse(record.ingress):
+            self._renderer.render(record.ingress, ejections.ejected(record.key, record.ingress), record.content)
 
     def plan(
         self,

@@ -125,7 +125,7 @@ class Reconciler:
         changes: list[tuple[IngressRef, Record]] = []
         for upsert in upserts:
             self._admission.admit(upsert.ingress)
-            # Rendered now (and the cache warmed): a record Traefik would reject is refused before queueing.
+            # A record Traefik would reject is refused before queueing.
             self._planner.admit(upsert, self._ejections)
             stored = self._intents.desired(upsert.key)
             noop = classify_upsert(stored, upsert) == "noop"

@@ -171,6 +171,14 @@ class Renderer:
         self._cache.clear()
         self._builtin = self._builtin_protocols()
 
+    def may_refuse(self, ingress: Ingress) -> bool:
+        """True when rendering `ingress` can fail: its protocol's template comes from templates.dir.
+
+        The built-in path builds keys straight from the validated ingress and never fails (a
+        property test holds it to the built-in templates for every generated ingress).
+        """
+        return ingress.protocol not in self._builtin
+
     def render(self, ingress: Ingress, ejected: frozenset[str] = frozenset(), content: str | None = None) -> RenderedIngress:
         """Render `ingress` without the servers/instances whose URLs are in `ejected`.
 
