@@ -10,8 +10,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -91,6 +91,27 @@ async def raw_write(url: str, kvs: list[tuple[str, str]], in_flight: int, ops: i
         started = time.perf_counter()
         await asyncio.gather(*(one(b) for b in bodies))
         return time.perf_counter() - started
+
+
+@asynccontextmanager
+async def watching(url: str, prefixes: list[str]) -> AsyncIterator[None]:
+    """Watch streams on `prefixes` read (not decoded) while the body runs, as the exporter's mirror watches."""
+    async with aiohttp.ClientSession() as session:
+
+        async def read(prefix: str) -> None:
+            end = prefix[:-1] + chr(ord(prefix[-1]) + 1)
+            body = {"create_request": {"key": _b64(prefix), "range_end": _b64(end)}}
+            async with session.post(f"{url}/v3/watch", json=body, timeout=aiohttp.ClientTimeout(total=None)) as resp:
+                async for _line in resp.content:
+                    pass
+
+        readers = [asyncio.create_task(read(p)) for p in prefixes]
+        try:
+            yield
+        finally:
+            for reader in readers:
+                reader.cancel()
+            await asyncio.gather(*readers, return_exceptions=True)
 
 
 async def txn_round_trip(url: str, samples: int = 50) -> list[float]:
