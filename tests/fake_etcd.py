@@ -34,6 +34,8 @@ class FakeEtcd:
         self.down = False
         self.txns: list[tuple[list[Compare], list[Op], bool]] = []
         self.before_txn: Callable[[Sequence[Compare], Sequence[Op]], Awaitable[None]] | None = None
+        # (prefix, start revision) of every watch created
+        self.watch_starts: list[tuple[str, int]] = []
         self._kv: dict[str, _Stored] = {}
         self._history: list[tuple[int, str, str | None]] = []
         self._leases: dict[int, int] = {}
@@ -67,6 +69,7 @@ class FakeEtcd:
 
     async def watch_prefix(self, prefix: str, start_revision: int, idle_timeout: float) -> AsyncIterator[list[WatchEvent]]:
         self._check()
+        self.watch_starts.append((prefix, start_revision))
         if start_revision <= self.compacted:
             raise WatchCanceled("required revision has been compacted", self.compacted)
         sent = start_revision - 1

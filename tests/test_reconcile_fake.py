@@ -201,6 +201,46 @@ async def test_events_during_our_own_transactions_are_deferred_ours_ignored_and_
         assert len(repaired) == 1 and {op.key for op in repaired[0]} == {rule_key(other), LAYOUT.beacon_key(ROOT)}
 
 
+async def test_a_bulk_pauses_the_watches_and_resumes_them_past_its_own_commits(etcd: FakeEtcd) -> None:
+    ids = [uid() for _ in range(1000)]
+    async with running(etcd, leader=Leader()) as rec:
+        await eventually(lambda: _watches_created(etcd, 2))
+        await rec.submit([record(i, upstream=UP) for i in ids])
+        # etcd is not asked to send the bulk back: both watches start after its last revision.
+        await eventually(lambda: _watches_created(etcd, 4))
+        assert {start for _prefix, start in etcd.watch_starts[2:]} == {etcd.revision + 1}
+        assert len([ok for _c, _o, ok in etcd.txns if ok]) > 10
+        # and still see what anyone else writes afterwards
+        await etcd.put(rule_key(ids[0]), "Host(`edited.test`)")
+        await eventually(lambda: _value_is(etcd, rule_key(ids[0]), f"Host(`{ids[0]}.test`)"))
+
+
+async def test_a_foreign_write_during_a_bulk_is_replayed_when_the_watches_resume_and_repaired(etcd: FakeEtcd) -> None:
+    ids = sorted(uid() for _ in range(1000))
+    calls = 0
+
+    async def edit_mid_bulk(_c: Sequence[Compare], _o: Sequence[Op]) -> None:
+        nonlocal calls
+        calls += 1
+        if calls < 3:
+            etcd.before_txn = edit_mid_bulk
+            return
+        # The first ingress (planned and written first) is already in etcd: someone edits it.
+        assert etcd.value(rule_key(ids[0])) == f"Host(`{ids[0]}.test`)"
+        edited_at.append(await etcd.put(rule_key(ids[0]), "Host(`edited.test`)"))
+
+    edited_at: list[int] = []
+    async with running(etcd, leader=Leader()) as rec:
+        await eventually(lambda: _watches_created(etcd, 2))
+        etcd.before_txn = edit_mid_bulk
+        await rec.submit([record(i, upstream=UP) for i in ids])
+        assert edited_at
+        await eventually(lambda: _watches_created(etcd, 4))
+        # A revision in the bulk was not ours: the watches replay from before it, and the edit is repaired.
+        assert all(start <= edited_at[0] for _prefix, start in etcd.watch_starts[2:])
+        await eventually(lambda: _value_is(etcd, rule_key(ids[0]), f"Host(`{ids[0]}.test`)"))
+
+
 async def test_etcd_down_answers_503_and_writes_resume_after_it_returns(etcd: FakeEtcd) -> None:
     iid = uid()
     async with running(etcd) as rec:
@@ -243,6 +283,10 @@ async def test_a_render_that_fails_at_plan_time_answers_template_error_400_and_w
 
 async def _passed(rec: Reconciler, passes: int) -> bool:
     return rec.status.full_passes > passes
+
+
+async def _watches_created(etcd: FakeEtcd, count: int) -> bool:
+    return len(etcd.watch_starts) == count
 
 
 async def _value_is(etcd: FakeEtcd, key: str, value: str) -> bool:

@@ -32,6 +32,8 @@ _MAX_CONFLICT_RETRIES = 8
 _PIPELINE_CHUNK = 256
 # Changes logged per unit that no request asked for (repair, health, reconcile).
 _LOGGED_CHANGES = 20
+# Ingresses written at once from which the watches pause while we write (mirror.paused_for_bulk).
+_BULK = 1000
 
 
 @dataclass
@@ -75,6 +77,10 @@ class Committer:
         outcome = Outcome()
         requested = dict(batch.requested)
         refs = list(dict.fromkeys([*requested, *(batch.dirty if self._leader.is_leader() else ())]))
+        async with self._mirror.paused_for_bulk(len(refs) >= _BULK):
+            return await self._commit_refs(refs, requested, batch, outcome)
+
+    async def _commit_refs(self, refs: list[IngressRef], requested: dict[IngressRef, int], batch: Batch, outcome: Outcome) -> Outcome:
         try:
             for attempt in range(_MAX_CONFLICT_RETRIES):
                 conflicted = await self._plan_and_apply(refs, requested, batch.dirty, outcome)
@@ -99,7 +105,8 @@ class Committer:
         plan = self._planner.plan(view, self._observed, None, self._ejections)
         plan.units = [u for u in plan.units if u.owner not in skip]
         if not plan.empty:
-            await self._apply(plan, {}, {u.owner: "reconcile" for u in plan.units if u.owner}, outcome)
+            async with self._mirror.paused_for_bulk(len(plan.units) >= _BULK):
+                await self._apply(plan, {}, {u.owner: "reconcile" for u in plan.units if u.owner}, outcome)
         return plan, outcome
 
     def _retried(

@@ -5,13 +5,20 @@ diff against) and the committed records into the `RecordStore`. Watch events of 
 transactions are recognised by revision without decoding; events that arrive while our
 transactions are in flight wait until they are done. Keys someone else changed flag their
 ingress as drifted (`on_drift`); a watch etcd cancels asks for a re-list (`on_stale`).
+
+During a bulk of our own writes the watches are paused (`paused_for_bulk`): etcd would only
+send our own writes back, at a cost for etcd that a bulk sync feels. On resume a watch skips
+the revisions that were all our own commits (etcd's revision grows by one per write, so an
+unbroken run of our revisions means nobody else wrote meanwhile) and replays from where it
+stopped otherwise.
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from contextlib import asynccontextmanager
 
 from loguru import logger
 
@@ -54,6 +61,9 @@ class Mirror:
         self._deferred: list[WatchEvent] = []
         self._draining: asyncio.Task[None] | None = None
         self._watches: list[asyncio.Task[None]] = []
+        # Per watched prefix: the newest revision its watch delivered (or skipped, see above).
+        self._positions: dict[str, int] = {}
+        self._stopped = False
 
     async def relist(self) -> None:
         """Rebuild the mirror and the committed records from a paged read."""
@@ -115,22 +125,41 @@ class Mirror:
 
     async def stop(self) -> None:
         """Stop watching."""
+        self._stopped = True
         tasks = [*self._watches, *([self._draining] if self._draining is not None else [])]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         self._watches = []
 
+    @asynccontextmanager
+    async def paused_for_bulk(self, bulk: bool) -> AsyncIterator[None]:
+        """Pause the watches while the body writes (when `bulk`), resuming past our own commits."""
+        if not bulk or not self._watches:
+            yield
+            return
+        watches, self._watches = self._watches, []
+        for task in watches:
+            task.cancel()
+        await asyncio.gather(*watches, return_exceptions=True)
+        try:
+            yield
+        finally:
+            if not self._stopped and not self._watches:
+                for prefix in (self._layout.roots_prefix, self._layout.records_dir):
+                    self._positions[prefix] = self._writer.own_run(max(self._positions.get(prefix, 0), self._observed.revision))
+                self.start_watches()
+
     async def _watch(self, prefix: str) -> None:
         backoff = 0.1
-        last = 0
         await self._listed.wait()
         while True:
-            start = max(last, self._observed.revision) + 1
+            start = max(self._positions.get(prefix, 0), self._observed.revision) + 1
             try:
                 async for events in self._etcd.watch_prefix(prefix, start, idle_timeout=self._idle_timeout):
                     self._on_events(events)
-                    last = max(last, *(e.mod_revision for e in events))
+                    last = max(self._positions.get(prefix, 0), *(e.mod_revision for e in events))
+                    self._positions[prefix] = last
                     self._writer.forget_until(last)
                     backoff = 0.1
             except WatchCanceled as exc:

@@ -75,6 +75,13 @@ class Writer:
         """True when `revision` was created by one of this writer's transactions."""
         return revision in self._own_revisions
 
+    def own_run(self, after: int) -> int:
+        """The newest revision `r` such that every revision in (`after`, `r`] is one of this writer's commits."""
+        revision = after
+        while revision + 1 in self._own_revisions:
+            revision += 1
+        return revision
+
     def is_writing(self, key: str, value: str | None) -> bool:
         """True when a transaction in flight writes `value` (None: a delete) at `key`."""
         return key in self._writing and self._writing[key] == value
