@@ -4,7 +4,8 @@ It keeps etcd's semantics where the exporter relies on them: one revision per tr
 that writes, mod/create revisions, compares on single keys and on ranges (an empty range
 compares as a key at revision 0), leases whose revocation deletes their keys, watches that
 replay history from a start revision, and compaction. `down` makes every call fail as an
-unreachable etcd; `before_txn` runs a hook (a peer's write) before a transaction is applied.
+unreachable etcd; `before_txn` runs a hook (a peer's write) before a transaction is applied;
+`watches_flowing` cleared holds every watch stream back.
 """
 
 from __future__ import annotations
@@ -34,8 +35,12 @@ class FakeEtcd:
         self.down = False
         self.txns: list[tuple[list[Compare], list[Op], bool]] = []
         self.before_txn: Callable[[Sequence[Compare], Sequence[Op]], Awaitable[None]] | None = None
-        # (prefix, start revision) of every watch created
+        # (prefix, start revision) of every watch created; per prefix, the newest revision a watch handed over
         self.watch_starts: list[tuple[str, int]] = []
+        self.delivered: dict[str, int] = {}
+        # Cleared, watches hand over nothing (a slow watch stream)
+        self.watches_flowing = asyncio.Event()
+        self.watches_flowing.set()
         self._kv: dict[str, _Stored] = {}
         self._history: list[tuple[int, str, str | None]] = []
         self._leases: dict[int, int] = {}
@@ -80,7 +85,9 @@ class FakeEtcd:
                 if sent < rev <= upto and key.startswith(prefix):
                     batches.setdefault(rev, []).append(WatchEvent.of(key, value, rev))
             for rev in sorted(batches):
+                await self.watches_flowing.wait()
                 yield batches[rev]
+                self.delivered[prefix] = rev
             sent = max(sent, upto)
             async with self._changed:
                 if self.revision == sent and not self.down:

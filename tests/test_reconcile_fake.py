@@ -241,6 +241,25 @@ async def test_a_foreign_write_during_a_bulk_is_replayed_when_the_watches_resume
         await eventually(lambda: _value_is(etcd, rule_key(ids[0]), f"Host(`{ids[0]}.test`)"))
 
 
+async def test_a_watch_still_replaying_is_not_paused_again_until_it_caught_up(etcd: FakeEtcd) -> None:
+    first, second, third = ([uid() for _ in range(1000)] for _ in range(3))
+    async with running(etcd, leader=Leader()) as rec:
+        await eventually(lambda: _watches_created(etcd, 2))
+        elsewhere = await etcd.put("elsewhere/key", "x")  # not ours: the watches replay past it
+        etcd.watches_flowing.clear()
+        await rec.submit([record(i, upstream=UP) for i in first])
+        await eventually(lambda: _watches_created(etcd, 4))
+        assert all(start <= elsewhere for _prefix, start in etcd.watch_starts[2:])
+        # Still replaying the first bulk: stopping the watches again would only replay it twice.
+        await rec.submit([record(i, upstream=UP) for i in second])
+        assert len(etcd.watch_starts) == 4
+        etcd.watches_flowing.set()
+        await eventually(lambda: _delivered_up_to(etcd, etcd.revision))
+        await rec.submit([record(i, upstream=UP) for i in third])
+        await eventually(lambda: _watches_created(etcd, 6))
+        assert {start for _prefix, start in etcd.watch_starts[4:]} == {etcd.revision + 1}
+
+
 async def test_etcd_down_answers_503_and_writes_resume_after_it_returns(etcd: FakeEtcd) -> None:
     iid = uid()
     async with running(etcd) as rec:
@@ -283,6 +302,10 @@ async def test_a_render_that_fails_at_plan_time_answers_template_error_400_and_w
 
 async def _passed(rec: Reconciler, passes: int) -> bool:
     return rec.status.full_passes > passes
+
+
+async def _delivered_up_to(etcd: FakeEtcd, revision: int) -> bool:
+    return len(etcd.delivered) == 2 and min(etcd.delivered.values()) >= revision
 
 
 async def _watches_created(etcd: FakeEtcd, count: int) -> bool:

@@ -135,7 +135,7 @@ class Mirror:
     @asynccontextmanager
     async def paused_for_bulk(self, bulk: bool) -> AsyncIterator[None]:
         """Pause the watches while the body writes (when `bulk`), resuming past our own commits."""
-        if not bulk or not self._watches:
+        if not bulk or not self._watches or not self._caught_up():
             yield
             return
         watches, self._watches = self._watches, []
@@ -147,8 +147,21 @@ class Mirror:
         finally:
             if not self._stopped and not self._watches:
                 for prefix in (self._layout.roots_prefix, self._layout.records_dir):
-                    self._positions[prefix] = self._writer.own_run(max(self._positions.get(prefix, 0), self._observed.revision))
+                    self._positions[prefix] = self._resume_at(prefix)
                 self.start_watches()
+
+    def _resume_at(self, prefix: str) -> int:
+        """Where the watch on `prefix` can resume: past every revision after its position that was our own commit."""
+        return self._writer.own_run(max(self._positions.get(prefix, 0), self._observed.revision))
+
+    def _caught_up(self) -> bool:
+        """True when no watch has anything to replay before our newest commit.
+
+        A watch still replaying (it resumed where it stopped, or another writer wrote) is left
+        to stream: stopping it again would only make etcd send the same events once more.
+        """
+        newest = self._writer.newest_own
+        return all(self._resume_at(p) >= newest for p in (self._layout.roots_prefix, self._layout.records_dir))
 
     async def _watch(self, prefix: str) -> None:
         backoff = 0.1

@@ -66,6 +66,7 @@ class Writer:
         self._writing: dict[str, str | None] = {}
         # Revisions our own transactions created: their watch events need no decoding.
         self._own_revisions: set[int] = set()
+        self.newest_own = 0
         # Set while no transaction is in flight.
         self._idle = asyncio.Event()
         self._idle.set()
@@ -143,6 +144,7 @@ class Writer:
         metrics.TXNS.labels("committed" if succeeded else "conflict").inc()
         if succeeded:
             self._own_revisions.add(revision)
+            self.newest_own = max(self.newest_own, revision)
             metrics.KEYS_WRITTEN.inc(len(txn.changes))
             for change in changes:
                 self._observed.set(change.key, change.new, revision)
