@@ -128,6 +128,43 @@ async def test_a_foreign_key_written_into_an_object_being_created_is_repaired(
         await rec.submit([], [Removal(IngressRef(AUTHORITY, iid), 2)])
 
 
+async def test_an_edit_another_writer_makes_in_the_middle_of_a_bulk_is_repaired(etcd: EmbeddedEtcd, etcd_client: EtcdClient) -> None:
+    # 1,000 ingresses in one request are written with the watches paused (docs/writer.md,
+    # "Watches paused for a bulk"): an edit slipped in between two of the bulk's transactions
+    # breaks the run of our own revisions, so the watches replay from before it and it is repaired.
+    authority = uid("bulk")
+    root = f"traefik/worker_{authority}"  # not the root the session's Traefik reads
+    ids = sorted(uid() for _ in range(1000))
+    rule_key, rule = f"{root}/http/routers/{authority}_{ids[0]}/rule", f"Host(`{ids[0]}.test`)"
+    upstream = {"servers": [{"url": "http://127.0.0.1:9"}]}
+    calls = 0
+    async with hooked_reconciler(etcd.url, f"{uid('bk')}/records") as (rec, hooked):
+
+        async def edit_mid_bulk() -> None:
+            nonlocal calls
+            calls += 1
+            if calls < 3:
+                hooked.before_txn = edit_mid_bulk
+                return
+            await eventually(lambda: _value(etcd_client, rule_key, rule))  # the first ingress is in
+            await etcd_client.put(rule_key, "Host(`edited.test`)")
+
+        try:
+            # The root exists first: the bulk's first transaction then carries only ingresses.
+            seed = uid()
+            await rec.submit([record(seed, authority=authority, upstream=upstream)])
+            hooked.before_txn = edit_mid_bulk
+            await rec.submit([record(i, authority=authority, upstream=upstream) for i in ids])
+            assert calls == 3
+            await eventually(lambda: _value(etcd_client, rule_key, rule))
+            # The watches resumed: a later edit is seen and repaired too.
+            await etcd_client.put(rule_key, "Host(`again.test`)")
+            await eventually(lambda: _value(etcd_client, rule_key, rule))
+            await rec.submit([], [Removal(IngressRef(authority, i), 1) for i in [seed, *ids]])
+        finally:
+            await etcd_client.delete_prefix(root + "/")
+
+
 async def _absent(client: EtcdClient, key: str) -> bool:
     return await client.get(key) is None
 
