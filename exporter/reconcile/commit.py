@@ -81,6 +81,7 @@ class Committer:
             return await self._commit_refs(refs, requested, batch, outcome)
 
     async def _commit_refs(self, refs: list[IngressRef], requested: dict[IngressRef, int], batch: Batch, outcome: Outcome) -> Outcome:
+        """Plan and write `refs`, re-reading and re-planning what lost a compare (up to 8 times)."""
         try:
             for attempt in range(_MAX_CONFLICT_RETRIES):
                 conflicted = await self._plan_and_apply(refs, requested, batch.dirty, outcome)

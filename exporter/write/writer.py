@@ -66,6 +66,7 @@ class Writer:
         self._writing: dict[str, str | None] = {}
         # Revisions our own transactions created: their watch events need no decoding.
         self._own_revisions: set[int] = set()
+        # The newest of them (what a paused watch must have caught up with, see the mirror).
         self.newest_own = 0
         # Set while no transaction is in flight.
         self._idle = asyncio.Event()
