@@ -21,7 +21,8 @@ from .control.healthcheck import healthcheck_routes
 from .control.server import control_app
 from .discovery import Discovery, registration_of
 from .errors import ConfigError, EtcdError
-from .etcd.client import EtcdClient, EtcdSecurity
+from .etcd.client import EtcdClient
+from .etcd.gateway import EtcdSecurity
 from .etcd.store import EtcdStore
 from .health.accesslog import LogFollower
 from .health.checkers import load_kinds

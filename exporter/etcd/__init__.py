@@ -1,7 +1,8 @@
 """etcd: the `EtcdStore` protocol the components use, its value types, and the gateway client."""
 
 from ..errors import EtcdError, WatchCanceled
-from .client import EtcdClient, EtcdSecurity
+from .client import EtcdClient
+from .gateway import EtcdSecurity
 from .store import EtcdStore
 from .types import Compare, KeyValue, Op, RangePage, TxnResult, WatchEvent
 
