@@ -78,10 +78,6 @@ class Op(NamedTuple):
         lease = f',"lease":"{self.lease}"' if self.lease else ""
         return f'{{"request_put":{{"key":"{b64(self.key)}","value":"{b64(self.value)}"{lease}}}}}'
 
-    def size(self) -> int:
-        """Approximate bytes this op adds to a request (base64 inflates by 4/3)."""
-        return (len(self.key) + len(self.value or "")) * 4 // 3 + 48
-
 
 def txn_body(compares: Sequence[Compare], ops: Sequence[Op]) -> bytes:
     """The body of a gateway `/v3/kv/txn` request: the hot path of every write, so it is built as text."""

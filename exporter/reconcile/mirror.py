@@ -118,10 +118,7 @@ class Mirror:
         """(Re)start the watches; after an etcd restart a long-poll watch can block forever without an error."""
         for task in self._watches:
             task.cancel()
-        self._watches = [
-            asyncio.create_task(self._watch(self._layout.roots_prefix), name="watch-roots"),
-            asyncio.create_task(self._watch(self._layout.records_dir), name="watch-records"),
-        ]
+        self._watches = [asyncio.create_task(self._watch(p), name=f"watch {p}") for p in self._watched()]
 
     async def stop(self) -> None:
         """Stop watching."""
@@ -146,9 +143,13 @@ class Mirror:
             yield
         finally:
             if not self._stopped and not self._watches:
-                for prefix in (self._layout.roots_prefix, self._layout.records_dir):
+                for prefix in self._watched():
                     self._positions[prefix] = self._resume_at(prefix)
                 self.start_watches()
+
+    def _watched(self) -> tuple[str, str]:
+        """The prefixes watched: the roots and the records."""
+        return self._layout.roots_prefix, self._layout.records_dir
 
     def _resume_at(self, prefix: str) -> int:
         """Where the watch on `prefix` can resume: past every revision after its position that was our own commit."""
@@ -161,7 +162,7 @@ class Mirror:
         to stream: stopping it again would only make etcd send the same events once more.
         """
         newest = self._writer.newest_own
-        return all(self._resume_at(p) >= newest for p in (self._layout.roots_prefix, self._layout.records_dir))
+        return all(self._resume_at(p) >= newest for p in self._watched())
 
     async def _watch(self, prefix: str) -> None:
         backoff = 0.1
