@@ -27,9 +27,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from loguru import logger  # noqa: E402
+from loguru import logger
 
-from bench.common import (  # noqa: E402
+from bench.common import (
     RECORDS,
     exporter_keys,
     fresh_etcd,
@@ -38,13 +38,13 @@ from bench.common import (  # noqa: E402
     raw_write,
     watching,
 )
-from exporter.config import Settings  # noqa: E402
-from exporter.daemon import build_reconciler  # noqa: E402
-from exporter.embedded import free_port  # noqa: E402
-from exporter.etcd.client import EtcdClient  # noqa: E402
-from exporter.gc_tuning import tune_gc  # noqa: E402
-from exporter.reconcile import Reconciler  # noqa: E402
-from exporter.store.records import Record  # noqa: E402
+from exporter.config import Settings
+from exporter.daemon import build_reconciler
+from exporter.embedded import free_port
+from exporter.etcd.client import EtcdClient
+from exporter.gc_tuning import tune_gc
+from exporter.reconcile import Reconciler
+from exporter.store.records import Record
 
 IN_FLIGHT = 8
 

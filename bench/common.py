@@ -10,10 +10,10 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import aiohttp
 
@@ -53,7 +53,8 @@ def make_records(n: int, authority: str = "bench", revision: int = 1, port: int 
                     "id": f"i{i}",
                     "revision": revision,
                     "hosts": [f"i{i}.example.test"],
-                    "upstream": {"servers": [{"url": f"http://10.0.{i // 250}.{i % 250}:{port}"}, {"url": f"http://10.1.{i // 250}.{i % 250}:{port}"}]},
+                    "upstream": {"servers": [{"url": f"http://10.0.{i // 250}.{i % 250}:{port}"},
+                                          {"url": f"http://10.1.{i // 250}.{i % 250}:{port}"}]},
                 }
             )
         )
@@ -83,10 +84,9 @@ async def raw_write(url: str, kvs: list[tuple[str, str]], in_flight: int, ops: i
     async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=64)) as session:
 
         async def one(body: dict[str, Any]) -> None:
-            async with sem:
-                async with session.post(f"{url}/v3/kv/txn", json=body) as resp:
-                    resp.raise_for_status()
-                    await resp.read()
+            async with sem, session.post(f"{url}/v3/kv/txn", json=body) as resp:
+                resp.raise_for_status()
+                await resp.read()
 
         started = time.perf_counter()
         await asyncio.gather(*(one(b) for b in bodies))
@@ -146,8 +146,9 @@ def start_daemon(etcd_url: str, work: Path, **env: str) -> tuple[subprocess.Pope
     full = {**os.environ, "EXPORTER_API__TOKEN": TOKEN, "EXPORTER_API__LISTEN": api,
             "EXPORTER_CONTROL__LISTEN": control, "EXPORTER_ETCD__ENDPOINTS": f'["{etcd_url}"]',
             "EXPORTER_LOG__LEVEL": "WARNING", **env}
-    proc = subprocess.Popen([sys.executable, "-m", "exporter", "run"], env=full, cwd=work,
-                            stdout=subprocess.DEVNULL, stderr=open(work / "daemon.log", "ab"))
+    with open(work / "daemon.log", "ab") as log:  # the child keeps its own copy open
+        proc = subprocess.Popen([sys.executable, "-m", "exporter", "run"], env=full, cwd=work,
+                                stdout=subprocess.DEVNULL, stderr=log)
     return proc, f"http://{api}", f"http://{control}"
 
 

@@ -21,9 +21,9 @@ import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import fresh_etcd, median  # noqa: E402
-from exporter.embedded import free_port  # noqa: E402
-from exporter.etcd.client import EtcdClient  # noqa: E402
+from bench.common import fresh_etcd, median
+from exporter.embedded import free_port
+from exporter.etcd.client import EtcdClient
 
 TOKEN = "bench-token"
 BACKEND = """
@@ -57,7 +57,8 @@ async def one_run(ttl: int) -> float:
             async with EtcdClient([etcd.url]) as client, aiohttp.ClientSession() as http:
                 body = {"ingresses": [{"authority": "bench", "id": "fo", "revision": 1, "hosts": ["fo.test"],
                                        "upstream": {"servers": [{"url": f"http://127.0.0.1:{port}"}, {"url": f"http://127.0.0.1:{free_port()}"}]},
-                                       "health_check": {"enable": True, "interval": 0.2, "max_retries": 2, "max_wait_time": 0.5, "initial_delay": 0}}]}
+                                       "health_check": {"enable": True, "interval": 0.2, "max_retries": 2, "max_wait_time": 0.5,
+                                                        "initial_delay": 0}}]}
                 while True:
                     try:
                         async with http.post(f"http://{apis[0]}/v2/ingress/upsert", json=body,

@@ -28,13 +28,13 @@ from aiohttp import web
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import HEADERS, fresh_etcd, median, start_daemon, wait_up  # noqa: E402
-from exporter.embedded import EmbeddedTraefik, free_port, start_traefik  # noqa: E402
-from exporter.etcd.client import EtcdClient  # noqa: E402
-from exporter.etcd.types import Op  # noqa: E402
-from exporter.health.accesslog import LogFollower, classify  # noqa: E402
-from exporter.health.passive import PassiveHealth, PassivePolicy  # noqa: E402
-from exporter.keys import IngressRef, KeyLayout  # noqa: E402
+from bench.common import HEADERS, fresh_etcd, median, start_daemon, wait_up
+from exporter.embedded import EmbeddedTraefik, free_port, start_traefik
+from exporter.etcd.client import EtcdClient
+from exporter.etcd.types import Op
+from exporter.health.accesslog import LogFollower, classify
+from exporter.health.passive import PassiveHealth, PassivePolicy
+from exporter.keys import IngressRef, KeyLayout
 
 ROOT = "traefik/worker_bench"
 

@@ -18,17 +18,17 @@ import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from loguru import logger  # noqa: E402
+from loguru import logger
 
-import exporter.health.engine as engine_module  # noqa: E402
-from bench.common import pct  # noqa: E402
-from exporter.embedded import free_port  # noqa: E402
-from exporter.health.checkers import load_kinds  # noqa: E402
-from exporter.health.engine import HealthEngine  # noqa: E402
-from exporter.health.kinds import BUILTIN  # noqa: E402
-from exporter.ingress import Ingress  # noqa: E402
-from exporter.keys import IngressRef  # noqa: E402
-from exporter.reconcile import Inbox  # noqa: E402
+import exporter.health.engine as engine_module
+from bench.common import pct
+from exporter.embedded import free_port
+from exporter.health.checkers import load_kinds
+from exporter.health.engine import HealthEngine
+from exporter.health.kinds import BUILTIN
+from exporter.ingress import Ingress
+from exporter.keys import IngressRef
+from exporter.reconcile import Inbox
 
 BACKENDS = """
 import asyncio, sys

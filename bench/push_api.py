@@ -29,7 +29,7 @@ import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import (  # noqa: E402
+from bench.common import (
     HEADERS,
     exporter_keys,
     fresh_etcd,
@@ -43,8 +43,8 @@ from bench.common import (  # noqa: E402
     upsert,
     wait_up,
 )
-from exporter.embedded import free_port, start_traefik  # noqa: E402
-from exporter.etcd.client import EtcdClient  # noqa: E402
+from exporter.embedded import free_port, start_traefik
+from exporter.etcd.client import EtcdClient
 
 
 @dataclass

@@ -23,7 +23,7 @@ import aiohttp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.common import (  # noqa: E402
+from bench.common import (
     fresh_etcd,
     make_records,
     median,
@@ -33,7 +33,7 @@ from bench.common import (  # noqa: E402
     upsert,
     wait_up,
 )
-from exporter.embedded import start_traefik  # noqa: E402
+from exporter.embedded import start_traefik
 
 ROOT = "traefik/worker_bench"
 

@@ -157,7 +157,9 @@ class TraefikSettings(_Section):
 class DiscoverySettings(_Section):
     """Registration in Backend.AI's service discovery (Redis/Valkey), so the AppProxy coordinator finds this worker."""
 
-    redis_url: str | None = Field(default=None, description="redis:// or rediss:// URL of the discovery Redis/Valkey (unset: no registration)")
+    redis_url: str | None = Field(
+        default=None, description="redis:// or rediss:// URL of the discovery Redis/Valkey (unset: no registration)"
+    )
     password_file: Path | None = Field(default=None, description="file holding the Redis password")
     service_group: str = Field(default="appproxy-worker", description="the service group the coordinator reads")
     labels: dict[str, str] = Field(

@@ -8,7 +8,6 @@ import signal
 import ssl
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from aiohttp import web
 from loguru import logger
@@ -41,7 +40,7 @@ from .plan.planner import Planner
 from .reconcile import Cadence, Inbox, Reconciler, TxnLimits
 from .render.renderer import Renderer
 from .render.root_keys import load_certificate
-from .roles import AlwaysLeader, LeaderPolicy
+from .roles import Admission, AlwaysLeader, Ejections, LeaderPolicy
 from .sources.api import is_loopback, push_api_app
 from .sources.files import IngressFiles
 from .store.records import RecordStore
@@ -78,12 +77,19 @@ def build_reconciler(
     dry_run: bool = False,
     layout: KeyLayout | None = None,
     renderer: Renderer | None = None,
-    **roles: Any,
+    store: RecordStore | None = None,
+    observed: Observed | None = None,
+    inbox: Inbox | None = None,
+    leader: LeaderPolicy | None = None,
+    ejections: Ejections | None = None,
+    admission: Admission | None = None,
 ) -> Reconciler:
-    """The reconciler the settings describe; `roles` are passed on (store, observed, inbox, leader, ejections, admission).
+    """The reconciler the settings describe, built with the given collaborators (each defaults to a lone daemon's).
 
     Give the `layout` every other part uses: object labels of free-text authorities are
-    resolved through the one layout that met them.
+    resolved through the one layout that met them. The daemon passes the record store the
+    health engine listens to, the inbox it marks dirty, its leadership and the health engine
+    as ejections and admission.
     """
     layout = layout or settings.layout()
     renderer = renderer or Renderer(layout, settings.default_entrypoints, settings.templates.dir)
@@ -96,7 +102,12 @@ def build_reconciler(
         cadence=Cadence(w.coalesce_window, w.reconcile_interval, w.tombstone_ttl),
         limits=TxnLimits(settings.etcd.max_txn_ops, settings.etcd.max_request_bytes, w.max_in_flight),
         dry_run=dry_run,
-        **roles,
+        store=store,
+        observed=observed,
+        inbox=inbox,
+        leader=leader,
+        ejections=ejections,
+        admission=admission,
     )
 
 

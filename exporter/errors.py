@@ -48,10 +48,6 @@ class UnsupportedMediaType(ExporterError):
     """The request body is not JSON."""
 
 
-class EtcdUnavailable(ExporterError):
-    """A request could not be committed because etcd is unreachable; nothing of it was written."""
-
-
 class TemplateError(ExporterError):
     """An ingress renders (through the templates) to something Traefik would reject; nothing is written."""
 
@@ -73,12 +69,24 @@ class TraefikUnreachable(ExporterError):
 
 
 class EtcdError(ExporterError):
-    """etcd failed or could not be reached. `unavailable` is True for connection-level failures."""
+    """etcd failed or could not be reached. `unavailable` is True for connection-level failures.
+
+    One subtree for every way etcd lets a caller down (the push API answers 503 for all of it):
+    `EtcdUnavailable` when a request was not committed because of it, `WatchCanceled` when etcd
+    ended a watch.
+    """
 
     def __init__(self, message: str, *, unavailable: bool = False, status: int | None = None) -> None:
         super().__init__(message)
         self.unavailable = unavailable
         self.status = status
+
+
+class EtcdUnavailable(EtcdError):
+    """A request could not be committed because etcd is unreachable (or kept changing); nothing of it was written."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, unavailable=True)
 
 
 class WatchCanceled(EtcdError):

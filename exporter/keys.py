@@ -4,8 +4,9 @@ Under each root (one per authority, from the `root_key` template, the authority 
 the exporter owns the root keys below and every object named for one of its ingresses:
 `<label>_<id>` or `<label>_<id>_<suffix>`, where the label is the authority itself when it is
 a lowercase DNS label, and otherwise a safe label derived from it (`<sanitized>--<hash>`).
-Neither label nor id may contain `_`, so an object name alone says which ingress it belongs to. Beside the roots: the records (`<records>/<authority>/<id>`),
-the published health documents (`<health>/<authority>/<id>`) and the election key.
+Neither label nor id may contain `_`, so an object name alone says which ingress it belongs to.
+Beside the roots: the records (`<records>/<authority>/<id>`), the published health documents
+(`<health>/<authority>/<id>`) and the election key.
 """
 
 from __future__ import annotations

@@ -40,7 +40,7 @@ async def eventually(check: Callable[[], Awaitable[T | None]], timeout: float = 
             if result:
                 return result
             last = AssertionError(f"check returned {result!r}")
-        except (AssertionError, OSError, asyncio.TimeoutError, KeyError, ValueError) as exc:
+        except (TimeoutError, AssertionError, OSError, KeyError, ValueError) as exc:
             last = exc
         if time.monotonic() > deadline:
             raise AssertionError(f"condition not met in {timeout}s: {last!r}")

@@ -250,7 +250,8 @@ async def test_routers_traefik_disables_are_reported_with_its_error(
     # A template whose routers use a middleware no provider defines: Traefik disables them.
     builtin = (BUILTIN_TEMPLATES / "http.json.j2").read_text()
     (tmp_path / "http.json.j2").write_text(
-        builtin.replace('"entryPoints": {{ entrypoints | json }}', '"entryPoints": {{ entrypoints | json }}, "middlewares": ["missing@file"]')
+        builtin.replace('"entryPoints": {{ entrypoints | json }}',
+                        '"entryPoints": {{ entrypoints | json }}, "middlewares": ["missing@file"]')
     )
     broken = Daemon(settings_for(etcd.url, **_settings(etcd.url, traefik.api), templates={"dir": str(tmp_path)}))
     await broken.start()

@@ -107,9 +107,11 @@ async def test_the_compose_stack_routes_a_request_through_traefik(http: aiohttp.
     started = []
     try:
         etcd = spec["services"]["etcd"]
-        started.append(client.containers.run(etcd["image"], etcd["command"], name="tee-etcd", network="tee-test", detach=True, hostname="etcd"))
+        started.append(client.containers.run(etcd["image"], etcd["command"], name="tee-etcd", network="tee-test", detach=True,
+                                             hostname="etcd"))
         for name in ("backend-1", "backend-2"):
-            started.append(client.containers.run(spec["services"][name]["image"], name=f"tee-{name}", hostname=name, network="tee-test", detach=True))
+            started.append(client.containers.run(spec["services"][name]["image"], name=f"tee-{name}", hostname=name, network="tee-test",
+                                                 detach=True))
         traefik = spec["services"]["traefik"]
         started.append(client.containers.run(
             traefik["image"], traefik["command"], name="tee-traefik", network="tee-test", detach=True,

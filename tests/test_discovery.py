@@ -92,7 +92,8 @@ async def test_registration_heartbeat_outage_and_unregister(
         await eventually(lambda: _registration(client), timeout=10)
         await eventually(lambda: is_ready(http, f"http://{control}"), timeout=10)
         body["ingresses"][0]["revision"] = 2
-        async with http.post(f"http://{api}/v2/ingress/remove", json={"ingresses": [{"authority": "test", "id": body["ingresses"][0]["id"]}]},
+        async with http.post(f"http://{api}/v2/ingress/remove", json={"ingresses": [{"authority": "test",
+                                                                                     "id": body["ingresses"][0]["id"]}]},
                              headers={"X-BackendAI-Token": API_TOKEN}) as resp:
             assert resp.status == 204
     finally:

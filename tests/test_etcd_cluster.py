@@ -78,10 +78,8 @@ async def test_a_member_killed_mid_burst_loses_nothing_and_writes_resume(
         ids = [[uid() for _ in range(PUSHES)] for _ in range(CLIENTS)]
         clients = [asyncio.create_task(burst.client(batch)) for batch in ids]
         await eventually(lambda: _answered(burst, CLIENTS * PUSHES // 3), timeout=30, interval=0.01)
-        if victim == "the raft leader":
-            dead = leader_of(cluster)
-        else:
-            dead = next(m for m in cluster if m.url == daemon.etcd.endpoint)
+        raft_leader = victim == "the raft leader"
+        dead = leader_of(cluster) if raft_leader else next(m for m in cluster if m.url == daemon.etcd.endpoint)
         dead.proc.send_signal(signal.SIGKILL)
         killed = time.monotonic()
         await asyncio.gather(*clients)

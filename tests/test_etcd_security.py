@@ -44,7 +44,7 @@ def _write(path: Path, cert: x509.Certificate, key: ec.EllipticCurvePrivateKey) 
 
 def make_pki(directory: Path, name: str) -> None:
     """A CA, a server certificate for 127.0.0.1, and a client certificate without a CN."""
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     ca_key = _key()
     ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, f"{name} test CA")])
 
@@ -55,7 +55,8 @@ def make_pki(directory: Path, name: str) -> None:
             .not_valid_after(now + datetime.timedelta(days=2))
         )
 
-    ca = builder(ca_name, ca_key).add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True).sign(ca_key, hashes.SHA256())
+    constraints = x509.BasicConstraints(ca=True, path_length=None)
+    ca = builder(ca_name, ca_key).add_extension(constraints, critical=True).sign(ca_key, hashes.SHA256())
     _write(directory / f"{name}-ca", ca, ca_key)
     server_key = _key()
     server = builder(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "etcd")]), server_key).add_extension(
@@ -88,18 +89,19 @@ def secure_etcd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecureEtcd
     make_pki(work, "other")
     client, peer = free_port(), free_port()
     url = f"https://127.0.0.1:{client}"
-    proc = subprocess.Popen(
-        [
-            etcd_binary(), "--name", "secure", "--data-dir", str(work / "data"),
-            "--listen-client-urls", url, "--advertise-client-urls", url,
-            "--listen-peer-urls", f"http://127.0.0.1:{peer}", "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer}",
-            "--initial-cluster", f"secure=http://127.0.0.1:{peer}", "--log-level", "warn",
-            "--cert-file", str(work / "good-server.pem"), "--key-file", str(work / "good-server.key"),
-            "--trusted-ca-file", str(work / "good-ca.pem"), "--client-cert-auth",
-            "--auth-token", "simple", "--auth-token-ttl", str(TOKEN_TTL),
-        ],
-        stdout=open(work / "etcd.log", "ab"), stderr=subprocess.STDOUT,
-    )
+    with open(work / "etcd.log", "ab") as log:  # the child keeps its own copy open
+        proc = subprocess.Popen(
+            [
+                etcd_binary(), "--name", "secure", "--data-dir", str(work / "data"),
+                "--listen-client-urls", url, "--advertise-client-urls", url,
+                "--listen-peer-urls", f"http://127.0.0.1:{peer}", "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer}",
+                "--initial-cluster", f"secure=http://127.0.0.1:{peer}", "--log-level", "warn",
+                "--cert-file", str(work / "good-server.pem"), "--key-file", str(work / "good-server.key"),
+                "--trusted-ca-file", str(work / "good-ca.pem"), "--client-cert-auth",
+                "--auth-token", "simple", "--auth-token-ttl", str(TOKEN_TTL),
+            ],
+            stdout=log, stderr=subprocess.STDOUT,
+        )
     context = ssl.create_default_context(cafile=str(work / "good-ca.pem"))
     context.load_cert_chain(str(work / "good-client.pem"), str(work / "good-client.key"))
     wait_http(f"{url}/health", time.monotonic() + 30, proc, "secure etcd", work / "etcd.log", context)
@@ -151,7 +153,8 @@ def _diff(tmp_path: Path, etcd: SecureEtcd, **etcd_overrides: object) -> subproc
     config.write_text(yaml.safe_dump({"etcd": section}))
     # The password comes from the environment, never from the file.
     env = {"EXPORTER_ETCD__PASSWORD": password, "PATH": "/usr/bin:/bin"}
-    return subprocess.run([sys.executable, "-m", "exporter", "diff", "--config", str(config)], capture_output=True, text=True, timeout=60, env=env)
+    return subprocess.run([sys.executable, "-m", "exporter", "diff", "--config", str(config)], capture_output=True, text=True, timeout=60,
+                          env=env)
 
 
 async def test_clear_errors_for_wrong_ca_wrong_password_and_missing_client_certificate(secure_etcd: SecureEtcd, tmp_path: Path) -> None:

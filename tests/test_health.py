@@ -22,7 +22,8 @@ FAST = {"enable": True, "interval": 0.2, "max_retries": 2, "max_wait_time": 0.5,
 
 async def push(http: aiohttp.ClientSession, daemon: Daemon, *ingresses: dict[str, Any], path: str = "upsert") -> None:
     headers = {"Authorization": f"Bearer {API_TOKEN}"}
-    async with http.post(f"http://{daemon.settings.api.listen}/v2/ingress/{path}", json={"ingresses": list(ingresses)}, headers=headers) as resp:
+    async with http.post(f"http://{daemon.settings.api.listen}/v2/ingress/{path}", json={"ingresses": list(ingresses)},
+                         headers=headers) as resp:
         assert resp.status == 204, await resp.text()
 
 
@@ -55,7 +56,10 @@ async def urls_in_etcd(client: EtcdClient, iid: str) -> set[str]:
     return {kv.value for kv in kvs if kv.key.endswith("/url")}
 
 
-async def test_a_dead_backend_is_ejected_in_bounds_and_comes_back(api_daemon: Daemon, cleanup: Any, backends: list[Backend], etcd_client: EtcdClient, traefik: EmbeddedTraefik, http: aiohttp.ClientSession) -> None:
+async def test_a_dead_backend_is_ejected_in_bounds_and_comes_back(
+    api_daemon: Daemon, cleanup: Any, backends: list[Backend], etcd_client: EtcdClient, traefik: EmbeddedTraefik,
+    http: aiohttp.ClientSession,
+) -> None:
     a, b = await Backend("a").start(), await Backend("b").start()
     backends.extend([a, b])
     iid = uid()
@@ -79,7 +83,8 @@ async def test_a_dead_backend_is_ejected_in_bounds_and_comes_back(api_daemon: Da
 
 
 async def test_initial_delay_grace_no_ejection_and_no_traffic_before_first_success(
-    api_daemon: Daemon, cleanup: Any, backends: list[Backend], etcd_client: EtcdClient, traefik: EmbeddedTraefik, http: aiohttp.ClientSession
+    api_daemon: Daemon, cleanup: Any, backends: list[Backend], etcd_client: EtcdClient, traefik: EmbeddedTraefik,
+    http: aiohttp.ClientSession,
 ) -> None:
     good, late = await Backend("good").start(), await Backend("late").start()
     late.health = 503
@@ -120,7 +125,9 @@ async def test_a_dead_canary_gets_no_traffic_and_a_dead_primary_neither(
     await eventually(lambda: _only(answers(http, traefik, host, 40), "c"))
 
 
-async def test_all_servers_down_answers_503_not_404(api_daemon: Daemon, cleanup: Any, backends: list[Backend], traefik: EmbeddedTraefik, http: aiohttp.ClientSession) -> None:
+async def test_all_servers_down_answers_503_not_404(
+    api_daemon: Daemon, cleanup: Any, backends: list[Backend], traefik: EmbeddedTraefik, http: aiohttp.ClientSession
+) -> None:
     only = await Backend("only").start()
     backends.append(only)
     iid = uid()
@@ -133,14 +140,18 @@ async def test_all_servers_down_answers_503_not_404(api_daemon: Daemon, cleanup:
     assert router["status"] == "enabled"
 
 
-async def test_ai_proxy_multi_one_instance_down_shifts_its_share(api_daemon: Daemon, cleanup: Any, backends: list[Backend], etcd_client: EtcdClient, traefik: EmbeddedTraefik, http: aiohttp.ClientSession) -> None:
+async def test_ai_proxy_multi_one_instance_down_shifts_its_share(
+    api_daemon: Daemon, cleanup: Any, backends: list[Backend], etcd_client: EtcdClient, traefik: EmbeddedTraefik,
+    http: aiohttp.ClientSession,
+) -> None:
     x, y = await Backend("x").start(), await Backend("y").start()
     backends.extend([x, y])
     iid = uid()
     upstream = {
         "kind": "ai-proxy-multi",
         "instances": [
-            {"name": "x", "url": x.url, "weight": 1, "checks": {"path": "/health", "interval": 0.2, "max_retries": 2, "max_wait_time": 0.5}},
+            {"name": "x", "url": x.url, "weight": 1, "checks": {"path": "/health", "interval": 0.2, "max_retries": 2,
+                                                                "max_wait_time": 0.5}},
             {"name": "y", "url": y.url, "weight": 1},
         ],
     }
@@ -158,7 +169,9 @@ async def test_ai_proxy_multi_one_instance_down_shifts_its_share(api_daemon: Dae
     assert entries[0]["nodes"][0]["status"] == "unhealthy" and entries[1]["nodes"][0]["status"] == "healthy"
 
 
-async def test_control_api_shapes_codes_html_and_metrics(api_daemon: Daemon, cleanup: Any, backends: list[Backend], http: aiohttp.ClientSession) -> None:
+async def test_control_api_shapes_codes_html_and_metrics(
+    api_daemon: Daemon, cleanup: Any, backends: list[Backend], http: aiohttp.ClientSession
+) -> None:
     control = f"http://{api_daemon.settings.control.listen}"
     plain = uid()
     await push(http, api_daemon, ing(plain, {"servers": [{"url": "http://127.0.0.1:9"}]}))
@@ -232,7 +245,10 @@ async def _node_status(http: aiohttp.ClientSession, daemon: Daemon, iid: str, po
     return bool((await _node(http, daemon, iid, port))["status"] == status)
 
 
-async def test_a_third_party_plugin_from_its_entry_point_declares_checkers(api_daemon: Daemon, cleanup: Any, backends: list[Backend], etcd_client: EtcdClient, traefik: EmbeddedTraefik, http: aiohttp.ClientSession) -> None:
+async def test_a_third_party_plugin_from_its_entry_point_declares_checkers(
+    api_daemon: Daemon, cleanup: Any, backends: list[Backend], etcd_client: EtcdClient, traefik: EmbeddedTraefik,
+    http: aiohttp.ClientSession,
+) -> None:
     # examples/checker-plugin is installed by the test command; its kind is `tcp-connect`.
     assert "tcp-connect" in api_daemon.health.kinds
     up, down = await Backend("up").start(), Backend("down")

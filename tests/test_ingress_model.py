@@ -15,8 +15,8 @@ from exporter.ingress import (
     MAX_SERVERS,
     Ingress,
     IngressFile,
-    ServersUpstream,
     RemoveRequest,
+    ServersUpstream,
     field_errors,
     parse_upstream_url,
 )
@@ -210,13 +210,15 @@ def test_ai_proxy_multi_instances() -> None:
     up = {
         "kind": "ai-proxy-multi",
         "instances": [
-            {"name": "openai", "url": "https://api.openai.example:443", "weight": 3, "checks": {"path": "/v1/models", "headers": {"Authorization": "Bearer x"}, "interval": 5}},
+            {"name": "openai", "url": "https://api.openai.example:443", "weight": 3,
+             "checks": {"path": "/v1/models", "headers": {"Authorization": "Bearer x"}, "interval": 5}},
             {"name": "local-vllm", "url": "http://10.0.0.7:8000"},
         ],
     }
     ingress = build(upstream=up)
     assert ingress.upstream.kind == "ai-proxy-multi"
-    bad = {"kind": "ai-proxy-multi", "instances": [{"name": "a", "url": "http://a.test:80", "checks": {"headers": {"X": "a\r\nInjected: 1"}}}]}
+    bad = {"kind": "ai-proxy-multi", "instances": [{"name": "a", "url": "http://a.test:80",
+                                                    "checks": {"headers": {"X": "a\r\nInjected: 1"}}}]}
     assert locs(upstream=bad) == ["upstream.ai-proxy-multi.instances.0.checks.headers"]
     dup = {"kind": "ai-proxy-multi", "instances": [{"name": "a", "url": "http://a.test:80"}, {"name": "a", "url": "http://b.test:80"}]}
     assert locs(upstream=dup) == ["upstream.ai-proxy-multi.instances"]

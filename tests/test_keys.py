@@ -58,6 +58,7 @@ def test_free_text_authorities_get_distinct_safe_labels_and_dns_labels_stay_verb
     for authority, label in labels.items():
         assert label.split("--")[0] in ("worker-1", "0", "x" * 40) and len(label) <= 63
         assert layout.owner_of_object(f"r/http/routers/{label}_svc") == IngressRef(authority, "svc")
-    assert layout.root("worker_1") == "traefik/worker_worker_1" and layout.object_name(IngressRef("worker_1", "c")) == f"{labels['worker_1']}_c"
+    assert layout.root("worker_1") == "traefik/worker_worker_1" and layout.object_name(IngressRef("worker_1",
+                                                                                                  "c")) == f"{labels['worker_1']}_c"
     # A derived-looking label nobody registered names no ingress (left alone as foreign).
     assert KeyLayout().owner_of_object(f"r/http/routers/{labels['worker_1']}_svc") is None

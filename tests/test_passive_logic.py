@@ -244,9 +244,10 @@ def monitor(health_check: dict[str, Any] | None = None) -> tuple[PassiveMonitor,
 
 
 def test_without_active_checks_a_server_returns_when_its_ejection_time_is_over() -> None:
-    mon, engine, replans = monitor()
+    mon, _engine, replans = monitor()
     fail(mon.passive, A, 5)
-    assert [u for _, u, _ in mon.passive.decide(OWNER, ingress("llm", upstream={"servers": [{"url": A}, {"url": B}]}), frozenset(), 100)] == [A]
+    assert [u for _, u, _ in mon.passive.decide(OWNER, ingress("llm", upstream={"servers": [{"url": A}, {"url": B}]}), frozenset(),
+                                                100)] == [A]
     mon.release_due(109.9)
     assert mon.passive.ejected(OWNER) == {A}
     mon.release_due(110)

@@ -46,7 +46,7 @@ def test_a_dangerous_character_anywhere_is_refused(body: dict[str, Any], field: 
     if field == "id":
         body["id"] = inject(body["id"])
     elif field == "host":
-        body["hosts"] = [inject(body["hosts"][0])] + body["hosts"][1:]
+        body["hosts"] = [inject(body["hosts"][0]), *body["hosts"][1:]]
     else:
         assume(char not in "@/")  # legal path characters
         body["path_prefix"] = inject(body["path_prefix"]) if at else body["path_prefix"] + char
@@ -100,7 +100,8 @@ def any_ingress(draw: Any) -> dict[str, Any]:
             body["tls"] = draw(st.one_of(st.just(True), st.just(False), st.builds(
                 lambda r, m: {"cert_resolver": r, "domains": [{"main": m, "sans": []}]}, st.sampled_from(["le", None]), host)))
         if draw(st.booleans()):
-            body["middlewares"] = draw(st.lists(st.sampled_from(["cors@file", "auth@file", "x-y@kubernetes"]), min_size=1, max_size=3, unique=True))
+            body["middlewares"] = draw(st.lists(st.sampled_from(["cors@file", "auth@file", "x-y@kubernetes"]), min_size=1, max_size=3,
+                                                unique=True))
         if body.get("allowed_client_ips") and draw(st.booleans()):
             body["allowed_client_ips_strategy"] = {"depth": draw(st.integers(0, 3)), "excluded_ips": draw(st.lists(cidr, max_size=2))}
         if draw(st.booleans()):

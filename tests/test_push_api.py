@@ -107,7 +107,9 @@ async def revision(etcd_client: EtcdClient) -> int:
     return await etcd_client.revision()
 
 
-async def test_upsert_204_after_commit_then_idempotent_retry(api: Api, etcd_client: EtcdClient, traefik: EmbeddedTraefik, http: aiohttp.ClientSession, backends: list[Backend]) -> None:
+async def test_upsert_204_after_commit_then_idempotent_retry(
+    api: Api, etcd_client: EtcdClient, traefik: EmbeddedTraefik, http: aiohttp.ClientSession, backends: list[Backend]
+) -> None:
     backends.append(await Backend("pushed").start())
     iid = uid()
     body = ing(iid, upstream={"servers": [{"url": backends[0].url}]})
@@ -169,7 +171,7 @@ async def test_401_without_the_right_token_writes_nothing(api: Api, etcd_client:
 
 
 async def test_401_comes_before_the_body_is_read(api: Api) -> None:
-    status, body = await api.call("POST", "/v2/ingress/upsert", raw=b"x" * (API_MAX_BODY * 4), token="wrong")
+    status, _body = await api.call("POST", "/v2/ingress/upsert", raw=b"x" * (API_MAX_BODY * 4), token="wrong")
     assert status == 401
 
 
@@ -207,14 +209,16 @@ HOSTILE: list[tuple[str, Any]] = [
     ("provider separator", {"ingresses": [ing("evil@etcd")]}),
     ("comma in a list element", {"ingresses": [ing("evil", allowed_client_ips=["10.0.0.0/8,0.0.0.0/0"])]}),
     ("too many hosts", {"ingresses": [ing("evil", hosts=[f"h{n}.test" for n in range(33)])]}),
-    ("too many servers", {"ingresses": [ing("evil", upstream={"servers": [{"url": f"http://10.0.0.{n % 250}:{1000 + n}"} for n in range(257)]})]}),
+    ("too many servers", {"ingresses": [ing("evil",
+                                            upstream={"servers": [{"url": f"http://10.0.0.{n % 250}:{1000 + n}"} for n in range(257)]})]}),
     ("wrong types", {"ingresses": [ing("evil", revision="7", hosts="a.test")]}),
     ("null body", None),
     ("list body", [ing("evil")]),
     ("unknown field", {"ingresses": [ing("evil", hostz=["a.test"])]}),
     ("duplicate ids", {"ingresses": [ing("dup"), ing("dup", revision=2)]}),
     ("canary weight 100", {"ingresses": [ing("evil", canary={"weight": 100, "upstream": {"servers": [{"url": "http://127.0.0.1:9"}]}})]}),
-    ("CRLF in check header", {"ingresses": [ing("evil", upstream={"kind": "ai-proxy-multi", "instances": [{"name": "a", "url": "http://127.0.0.1:9", "checks": {"headers": {"X": "a\r\nB: c"}}}]})]}),
+    ("CRLF in check header", {"ingresses": [ing("evil", upstream={"kind": "ai-proxy-multi", "instances": [
+        {"name": "a", "url": "http://127.0.0.1:9", "checks": {"headers": {"X": "a\r\nB: c"}}}]})]}),
     ("server url with credentials", {"ingresses": [ing("evil", upstream={"servers": [{"url": "http://u:p@127.0.0.1:9"}]})]}),
 ]
 
@@ -259,7 +263,9 @@ async def test_503_when_etcd_is_unreachable_and_nothing_is_written(http: aiohttp
         await daemon.stop()
 
 
-async def test_coordinator_simulation_50_clients_500_ingresses(api: Api, api_daemon: Daemon, etcd_client: EtcdClient, traefik: EmbeddedTraefik, http: aiohttp.ClientSession) -> None:
+async def test_coordinator_simulation_50_clients_500_ingresses(
+    api: Api, api_daemon: Daemon, etcd_client: EtcdClient, traefik: EmbeddedTraefik, http: aiohttp.ClientSession
+) -> None:
     ids = [uid("c") for _ in range(500)]
     # revisions 1..4: upsert, upsert, remove (every 5th), upsert again (every 10th)
     final: dict[str, int | None] = {}
@@ -341,7 +347,9 @@ async def _api_up(api: Api) -> bool:
     return status == 200
 
 
-async def test_random_valid_ingresses_are_accepted_by_a_real_traefik(api: Api, traefik: EmbeddedTraefik, http: aiohttp.ClientSession, backends: list[Backend]) -> None:
+async def test_random_valid_ingresses_are_accepted_by_a_real_traefik(
+    api: Api, traefik: EmbeddedTraefik, http: aiohttp.ClientSession, backends: list[Backend]
+) -> None:
     """Property check against Traefik itself: every generated router enabled, the provider not frozen."""
     import warnings
 

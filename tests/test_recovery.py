@@ -60,7 +60,8 @@ async def _count(client: EtcdClient, prefix: str) -> int:
 
 
 async def test_sigkill_mid_sync_then_restart_converges_without_dangling_routers(
-    tmp_path: Path, etcd: EmbeddedEtcd, etcd_client: EtcdClient, traefik: EmbeddedTraefik, http: aiohttp.ClientSession, backends: list[Backend]
+    tmp_path: Path, etcd: EmbeddedEtcd, etcd_client: EtcdClient, traefik: EmbeddedTraefik, http: aiohttp.ClientSession,
+    backends: list[Backend],
 ) -> None:
     backends.append(await Backend("crash").start())
     space = uid("crash")

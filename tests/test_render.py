@@ -82,7 +82,8 @@ def test_upstream_tls_is_a_servers_transport(renderer: Renderer) -> None:
     from exporter.render.root_keys import generate_certificate
 
     pem = generate_certificate().cert_pem
-    kv = rel(keys(renderer, upstream={"servers": [{"url": "https://10.0.0.5:8443"}]}, upstream_tls={"ca_pem": pem, "server_name": "model.internal"}))
+    kv = rel(keys(renderer, upstream={"servers": [{"url": "https://10.0.0.5:8443"}]}, upstream_tls={"ca_pem": pem,
+                                                                                                    "server_name": "model.internal"}))
     assert kv["http/services/test_llama/loadBalancer/serversTransport"] == "test_llama_tls"
     assert kv["http/serversTransports/test_llama_tls/serverName"] == "model.internal"
     assert kv["http/serversTransports/test_llama_tls/rootCAs/00"] == pem
@@ -102,7 +103,8 @@ def test_tcp_router_and_service(renderer: Renderer) -> None:
 
 
 def test_ai_proxy_multi_renders_a_weighted_service_over_instances(renderer: Renderer) -> None:
-    up = {"kind": "ai-proxy-multi", "instances": [{"name": "openai", "url": "https://api.openai.example:443", "weight": 3}, {"name": "vllm", "url": "http://10.0.0.7:8000"}]}
+    up = {"kind": "ai-proxy-multi", "instances": [{"name": "openai", "url": "https://api.openai.example:443", "weight": 3},
+                                                  {"name": "vllm", "url": "http://10.0.0.7:8000"}]}
     kv = rel(keys(renderer, upstream=up))
     assert kv["http/services/test_llama/weighted/services/00/name"] == "test_llama_i_openai"
     assert kv["http/services/test_llama/weighted/services/00/weight"] == "3"

@@ -141,7 +141,9 @@ async def test_identical_pushes_to_three_sidecars_cost_what_one_costs(
         await eventually(lambda: serves(http, traefik.url("web"), f"{iid}.test", body="served"))
 
 
-async def checked_ingress(http: aiohttp.ClientSession, sidecar: Sidecar, client: EtcdClient, backends: list[Backend]) -> tuple[str, Backend, Backend]:
+async def checked_ingress(
+    http: aiohttp.ClientSession, sidecar: Sidecar, client: EtcdClient, backends: list[Backend]
+) -> tuple[str, Backend, Backend]:
     """Two backends behind one health-checked ingress, pushed to `sidecar` and in place."""
     a, b = await Backend("a").start(), await Backend("b").start()
     backends.extend([a, b])
@@ -192,8 +194,10 @@ async def test_a_paused_leader_commits_nothing_after_losing_its_lease_then_follo
     assert await committed_txns(http, old) == before
 
 
-async def test_every_sidecar_reports_the_same_health(group: Group, etcd_client: EtcdClient, http: aiohttp.ClientSession, backends: list[Backend]) -> None:
-    iid, a, b = await checked_ingress(http, group.sidecars[2], etcd_client, backends)
+async def test_every_sidecar_reports_the_same_health(
+    group: Group, etcd_client: EtcdClient, http: aiohttp.ClientSession, backends: list[Backend]
+) -> None:
+    iid, _a, b = await checked_ingress(http, group.sidecars[2], etcd_client, backends)
     await eventually(lambda: _agree(http, group, iid, {"healthy"}), timeout=20)
     await b.stop()
     await eventually(lambda: _agree(http, group, iid, {"healthy", "unhealthy"}), timeout=20)

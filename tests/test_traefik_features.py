@@ -38,7 +38,9 @@ def name_of(ingress_id: str) -> str:
     return f"{AUTHORITY}_{ingress_id}"
 
 
-async def test_host_rule_routes_only_its_host(ingresses: Ingresses, backends: list[Backend], traefik: EmbeddedTraefik, http: aiohttp.ClientSession) -> None:
+async def test_host_rule_routes_only_its_host(
+    ingresses: Ingresses, backends: list[Backend], traefik: EmbeddedTraefik, http: aiohttp.ClientSession
+) -> None:
     backends.append(await Backend("hosted").start())
     iid = uid()
     await ingresses.upsert(record(iid, upstream={"servers": [{"url": backends[0].url}]}))
@@ -49,7 +51,9 @@ async def test_host_rule_routes_only_its_host(ingresses: Ingresses, backends: li
     assert status == 404
 
 
-async def test_path_prefix_routes_only_under_it(ingresses: Ingresses, backends: list[Backend], traefik: EmbeddedTraefik, http: aiohttp.ClientSession) -> None:
+async def test_path_prefix_routes_only_under_it(
+    ingresses: Ingresses, backends: list[Backend], traefik: EmbeddedTraefik, http: aiohttp.ClientSession
+) -> None:
     backends.append(await Backend("api-v1").start())
     iid = uid()
     await ingresses.upsert(record(iid, path_prefix="/v1", upstream={"servers": [{"url": backends[0].url}]}))
@@ -60,7 +64,9 @@ async def test_path_prefix_routes_only_under_it(ingresses: Ingresses, backends: 
     await router_enabled(http, traefik.api, name_of(iid))
 
 
-async def test_several_servers_all_receive_traffic(ingresses: Ingresses, backends: list[Backend], traefik: EmbeddedTraefik, http: aiohttp.ClientSession) -> None:
+async def test_several_servers_all_receive_traffic(
+    ingresses: Ingresses, backends: list[Backend], traefik: EmbeddedTraefik, http: aiohttp.ClientSession
+) -> None:
     for n in range(3):
         backends.append(await Backend(f"s{n}").start())
     iid = uid()
@@ -71,7 +77,9 @@ async def test_several_servers_all_receive_traffic(ingresses: Ingresses, backend
     assert set(seen) == {"s0", "s1", "s2"}, seen
 
 
-async def test_twelve_servers_keep_their_order_and_all_serve(ingresses: Ingresses, backends: list[Backend], traefik: EmbeddedTraefik, http: aiohttp.ClientSession) -> None:
+async def test_twelve_servers_keep_their_order_and_all_serve(
+    ingresses: Ingresses, backends: list[Backend], traefik: EmbeddedTraefik, http: aiohttp.ClientSession
+) -> None:
     # More than 10 servers: indices must be zero-padded or Traefik sorts 10 before 2.
     for n in range(12):
         backends.append(await Backend(f"s{n}").start())
@@ -87,7 +95,9 @@ async def test_twelve_servers_keep_their_order_and_all_serve(ingresses: Ingresse
     assert len(seen) == 12, seen
 
 
-async def test_canary_split_within_tolerance(ingresses: Ingresses, backends: list[Backend], traefik: EmbeddedTraefik, http: aiohttp.ClientSession) -> None:
+async def test_canary_split_within_tolerance(
+    ingresses: Ingresses, backends: list[Backend], traefik: EmbeddedTraefik, http: aiohttp.ClientSession
+) -> None:
     main, canary = await Backend("main").start(), await Backend("canary").start()
     backends.extend([main, canary])
     iid = uid()
@@ -103,7 +113,9 @@ async def test_canary_split_within_tolerance(ingresses: Ingresses, backends: lis
     assert answers["main"] + answers["canary"] == 200
 
 
-async def test_ip_allow_list_answers_403_outside_the_range(ingresses: Ingresses, backends: list[Backend], traefik: EmbeddedTraefik, http: aiohttp.ClientSession) -> None:
+async def test_ip_allow_list_answers_403_outside_the_range(
+    ingresses: Ingresses, backends: list[Backend], traefik: EmbeddedTraefik, http: aiohttp.ClientSession
+) -> None:
     backends.append(await Backend("guarded").start())
     denied, allowed = uid(), uid()
     await ingresses.upsert(
@@ -139,7 +151,9 @@ async def test_tcp_route(ingresses: Ingresses, traefik: EmbeddedTraefik, http: a
         server.close()
 
 
-async def test_upstream_tls_verified_with_the_test_ca(ingresses: Ingresses, backends: list[Backend], traefik: EmbeddedTraefik, http: aiohttp.ClientSession, tmp_path: Path) -> None:
+async def test_upstream_tls_verified_with_the_test_ca(
+    ingresses: Ingresses, backends: list[Backend], traefik: EmbeddedTraefik, http: aiohttp.ClientSession, tmp_path: Path
+) -> None:
     ca_pem, context = _tls_backend_context(tmp_path, "model.internal")
     backend = await Backend("tls-backend", ssl_context=context).start()
     backends.append(backend)
@@ -174,7 +188,7 @@ def _tls_backend_context(tmp_path: Path, server_name: str) -> tuple[str, ssl.SSL
     ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "exporter test CA")])
     import datetime
 
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     ca = (
         x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name).public_key(ca_key.public_key())
         .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(days=1))
@@ -187,7 +201,8 @@ def _tls_backend_context(tmp_path: Path, server_name: str) -> tuple[str, ssl.SSL
         x509.CertificateBuilder().subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, server_name)]))
         .issuer_name(ca_name).public_key(key.public_key()).serial_number(x509.random_serial_number())
         .not_valid_before(now - datetime.timedelta(days=1)).not_valid_after(now + datetime.timedelta(days=2))
-        .add_extension(x509.SubjectAlternativeName([x509.DNSName(server_name), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
+        .add_extension(x509.SubjectAlternativeName([x509.DNSName(server_name), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+                       critical=False)
         .sign(ca_key, hashes.SHA256())
     )
     cert_path, key_path = tmp_path / "server.pem", tmp_path / "server.key"

@@ -37,7 +37,8 @@ def servers(*backends: Backend) -> dict[str, Any]:
 
 
 async def test_history_replay_has_no_dangling_reference_at_any_revision(
-    ingresses: Ingresses, backends: list[Backend], etcd: EmbeddedEtcd, etcd_client: EtcdClient, traefik: EmbeddedTraefik, http: aiohttp.ClientSession
+    ingresses: Ingresses, backends: list[Backend], etcd: EmbeddedEtcd, etcd_client: EtcdClient, traefik: EmbeddedTraefik,
+    http: aiohttp.ClientSession,
 ) -> None:
     a, b, c = [await Backend(n).start() for n in "abc"]
     backends.extend([a, b, c])
@@ -58,7 +59,9 @@ async def test_history_replay_has_no_dangling_reference_at_any_revision(
     assert checked >= 6  # one request (root keys + 2 creates), 4 updates, 1 delete: a revision each
 
 
-async def test_idle_reconcile_with_200_ingresses_adds_no_revision(ingresses: Ingresses, reconciler: Reconciler, etcd_client: EtcdClient) -> None:
+async def test_idle_reconcile_with_200_ingresses_adds_no_revision(
+    ingresses: Ingresses, reconciler: Reconciler, etcd_client: EtcdClient
+) -> None:
     ids = [uid() for _ in range(200)]
     await ingresses.upsert(*(record(i, upstream={"servers": [{"url": "http://127.0.0.1:9"}]}) for i in ids))
     before = await etcd_client.revision()
@@ -192,7 +195,8 @@ async def test_a_stale_writer_loses_to_a_newer_revision_committed_meanwhile(etcd
 
 
 async def test_drift_is_repaired_and_foreign_keys_are_left_alone(
-    ingresses: Ingresses, reconciler: Reconciler, etcd_client: EtcdClient, traefik: EmbeddedTraefik, http: aiohttp.ClientSession, backends: list[Backend]
+    ingresses: Ingresses, reconciler: Reconciler, etcd_client: EtcdClient, traefik: EmbeddedTraefik, http: aiohttp.ClientSession,
+    backends: list[Backend],
 ) -> None:
     backends.append(await Backend("drift").start())
     iid = uid()

@@ -19,7 +19,7 @@ async def connect(node: Node, check: CheckConfig) -> Outcome:
     """Success when a TCP connection opens within the check's timeout."""
     try:
         _reader, writer = await asyncio.wait_for(asyncio.open_connection(node.ip, node.port), check.timeout)
-    except asyncio.TimeoutError:
+    except TimeoutError:
         return "timeout_failure"
     except OSError:
         return "tcp_failure"

@@ -163,7 +163,7 @@ class EtcdClient:
                     gateway.answered()
                     if events := _watch_events(line):
                         yield events
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
             gateway.next_endpoint()
             error = EtcdError(f"watch on {url} broke: {type(exc).__name__}", unavailable=True)
             # A stream that stayed silent past its idle timeout says nothing about etcd; a broken connection does.

@@ -6,7 +6,6 @@ endpoint, stay authenticated, and what etcd's answers (or silence) say about it.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import ssl
 import time
@@ -135,7 +134,7 @@ class Gateway:
                         f"etcd authentication failed for user {sec.username!r}: {error_text(payload, resp.status)}"
                     )
                 self._token = json.loads(payload)["token"]
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
             raise _connection_error(url, exc) from None
 
     async def close(self) -> None:
@@ -173,7 +172,7 @@ class Gateway:
                     result: dict[str, Any] = orjson.loads(payload)
                     self.answered()
                     return result
-            except (aiohttp.ClientConnectionError, asyncio.TimeoutError, OSError) as exc:
+            except (TimeoutError, aiohttp.ClientConnectionError, OSError) as exc:
                 last = _connection_error(url, exc)
                 self.next_endpoint()
                 attempt += 1
@@ -183,7 +182,7 @@ class Gateway:
 
 def _token_rejected(status: int, payload: bytes) -> bool:
     text = payload.decode(errors="replace").lower()
-    return status == 401 or "invalid auth token" in text or "token" in text and "expired" in text
+    return status == 401 or "invalid auth token" in text or ("token" in text and "expired" in text)
 
 
 def _connection_error(url: str, exc: BaseException) -> EtcdError:

@@ -99,7 +99,7 @@ class WatchLine:
     (read without decoding the message) saves decoding most of what a bulk sync writes.
     """
 
-    __slots__ = ("_raw", "_events")
+    __slots__ = ("_events", "_raw")
 
     def __init__(self, raw: bytes) -> None:
         self._raw = raw

@@ -51,10 +51,7 @@ def classify(line: bytes, failure_statuses: frozenset[int]) -> Request | None:
     if not isinstance(service, str) or not isinstance(url, str) or not service.endswith(_PROVIDER):
         return None
     origin = entry.get("OriginStatus") or 0
-    if origin:
-        failed = origin in failure_statuses
-    else:
-        failed = entry.get("DownstreamStatus") != _CLIENT_CLOSED
+    failed = origin in failure_statuses if origin else entry.get("DownstreamStatus") != _CLIENT_CLOSED
     return Request(service[: -len(_PROVIDER)], url, failed)
 
 

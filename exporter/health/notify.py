@@ -105,7 +105,7 @@ class Notifier:
                 if 200 <= response.status < 300:
                     return True
                 reason = f"HTTP {response.status}"
-        except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+        except (TimeoutError, aiohttp.ClientError) as exc:
             reason = type(exc).__name__
         FAILED.inc()
         logger.warning("health notification of {} events not delivered ({}); will retry", len(batch), reason)

@@ -64,7 +64,7 @@ def document(owner: IngressRef, targets: Mapping[str, Checked], passive: Passive
 
 def count_states(states: Iterable[State]) -> None:
     """Set the nodes-by-state gauge."""
-    counts = {state: 0 for state in State}
+    counts = dict.fromkeys(State, 0)
     for state in states:
         counts[state] += 1
     for state, count in counts.items():

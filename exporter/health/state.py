@@ -19,7 +19,7 @@ from typing import Any, Literal
 Outcome = Literal["success", "http_failure", "tcp_failure", "timeout_failure"]
 
 
-class State(str, Enum):
+class State(str, Enum):  # noqa: UP042 - StrEnum would change how a state prints in logs
     HEALTHY = "healthy"
     MOSTLY_HEALTHY = "mostly_healthy"
     MOSTLY_UNHEALTHY = "mostly_unhealthy"

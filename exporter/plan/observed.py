@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from ..etcd.types import KeyValue
 from ..keys import BEACON_KEY, IngressRef, KeyLayout
 
-
 # Beacon values remembered per root: enough to map what a lagging Traefik shows to a revision.
 _BEACON_HISTORY = 4096
 

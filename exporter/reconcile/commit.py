@@ -97,7 +97,7 @@ class Committer:
             return outcome
         for ref in outcome.open(requested):
             outcome.failed[ref] = EtcdUnavailable("etcd kept changing under the exporter; retry")
-        outcome.redo.update({r: "conflict" for r in refs})
+        outcome.redo.update(dict.fromkeys(refs, "conflict"))
         return outcome
 
     async def reconcile_all(self, view: Mapping[IngressRef, Record], skip: set[IngressRef]) -> tuple[Plan, Outcome]:

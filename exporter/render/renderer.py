@@ -1,8 +1,9 @@
 """Render one ingress into the keys it owns under its authority's root.
 
 Templates (Jinja2, sandboxed, StrictUndefined) produce a fragment of Traefik dynamic
-configuration as JSON (parsing YAML cost 5x more than the whole rest of a render); it is validated against `traefik_schema`, its object names are checked to
-belong to the ingress, and it is flattened. Results are cached by record content, so an
+configuration as JSON (parsing YAML cost 5x more than the whole rest of a render); it is
+validated against `traefik_schema`, its object names are checked to belong to the ingress,
+and it is flattened. Results are cached by record content, so an
 unchanged ingress is never rendered twice.
 """
 

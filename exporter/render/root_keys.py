@@ -36,7 +36,7 @@ def generate_certificate(common_name: str = "traefik-default") -> DefaultCertifi
     """A self-signed ECDSA P-256 certificate valid for ten years."""
     key = ec.generate_private_key(ec.SECP256R1())
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     cert = (
         x509.CertificateBuilder()
         .subject_name(name)

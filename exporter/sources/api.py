@@ -49,7 +49,6 @@ HTTP_STATUS: dict[type[ExporterError], int] = {
     StaleRevisionError: 409,
     BodyTooLarge: 413,
     UnsupportedMediaType: 415,
-    EtcdUnavailable: 503,
     EtcdError: 503,
     NotServedInTime: 504,
 }

@@ -41,9 +41,8 @@ class Authenticator:
         if backendai is not None and (self._matches(backendai) or self._matches(_strip_prefix(backendai))):
             return
         scheme, _, given = headers.get("Authorization", "").partition(" ")
-        if scheme.lower() == "bearer" and given.strip():
-            if self._matches(given.strip()) or self._valid_jwt(given.strip()):
-                return
+        if scheme.lower() == "bearer" and given.strip() and (self._matches(given.strip()) or self._valid_jwt(given.strip())):
+            return
         raise Unauthorized("missing or wrong credentials")
 
     def _matches(self, given: str) -> bool:

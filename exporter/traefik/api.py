@@ -6,7 +6,6 @@ one page each), so the observer's load on Traefik does not grow with the ingress
 
 from __future__ import annotations
 
-import asyncio
 import base64
 from typing import Any
 
@@ -53,7 +52,7 @@ class TraefikApi:
                 if resp.status != 200:
                     raise TraefikUnreachable(f"Traefik's API at {self.url} answered HTTP {resp.status}")
                 return await resp.json(content_type=None)
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError) as exc:
+        except (TimeoutError, aiohttp.ClientError, OSError, ValueError) as exc:
             raise TraefikUnreachable(f"Traefik's API at {self.url} does not answer: {type(exc).__name__}") from None
 
     async def beacon(self) -> str | None:

@@ -78,9 +78,8 @@ def decoder_problem(root: str, key: str, value: str) -> str | None:
     if len(parts) >= 4 and fields is not None and parts[3].lower() not in fields:
         return f"unknown field {parts[3]!r} of {kind}/{section}"
     lowered = [p.lower() for p in parts]
-    if len(parts) == 7 and section == "services" and lowered[3:5] == ["loadbalancer", "servers"]:
-        if lowered[6] not in _SERVER_FIELDS[kind]:
-            return f"unknown field {parts[6]!r} of a {kind} load-balancer server"
+    if len(parts) == 7 and section == "services" and lowered[3:5] == ["loadbalancer", "servers"] and lowered[6] not in _SERVER_FIELDS[kind]:
+        return f"unknown field {parts[6]!r} of a {kind} load-balancer server"
     return _leaf_problem(lowered[-1], value) if len(parts) >= 4 else None
 
 

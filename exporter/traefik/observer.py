@@ -18,7 +18,7 @@ import asyncio
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any, Literal
 
 from loguru import logger
@@ -67,7 +67,7 @@ class RootConvergence:
             "committed_revision": self.committed_revision,
             "applied_revision": self.applied_revision,
             "lag_seconds": round(self.lag_seconds, 3),
-            "since": datetime.fromtimestamp(self.since, timezone.utc).isoformat(timespec="milliseconds"),
+            "since": datetime.fromtimestamp(self.since, UTC).isoformat(timespec="milliseconds"),
             "blocking_keys": self.blocking_keys,
             "router_errors": self.router_errors,
         }
@@ -240,7 +240,7 @@ class TraefikObserver:
                 await asyncio.wait_for(
                     self._checked.wait_for(lambda: all(self.served(r, rev) for r, rev in targets.items())), timeout
                 )
-        except asyncio.TimeoutError:
+        except TimeoutError:
             raise self._not_served(targets) from None
         finally:
             self._waiters -= 1

@@ -1,0 +1,109 @@
+"""The core shape of an ingress: the one model shared by the push API and ingress files.
+
+Every string that can reach a Traefik rule or an etcd key is validated (values.py) so that
+it can inject neither rule syntax nor a key segment, and no list element carries a comma
+(Traefik joins simple lists with `,`). Every list has an upper bound (bounds.py).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field, SerializerFunctionWrapHandler, StrictBool, field_validator, model_serializer, model_validator
+
+from ..keys import IngressRef
+from .bounds import MAX_ALLOWED_IPS, MAX_ENTRYPOINTS, MAX_HOSTS, MAX_MIDDLEWARES
+from .health import HealthCheck
+from .routing import IpStrategy, MiddlewareRef
+from .tls import RouterTls, UpstreamTls
+from .upstreams import AiProxyMultiUpstream, Canary, PluginUpstream, ServersUpstream, Upstream, default_kind
+from .values import Authority, Cidr, DnsLabel, EntryPoint, HostName, Strict, UrlPath
+
+# Fields added after records were first stored: left out of the canonical JSON while unset, so a
+# stored record keeps its exact bytes (no rewrite on upgrade).
+_OPTIONAL_LATER = ("tls", "middlewares", "allowed_client_ips_strategy")
+
+
+class Ingress(Strict):
+    """One route: where traffic for some hosts/path goes, and how it is checked."""
+
+    authority: Authority
+    id: DnsLabel
+    revision: int = Field(ge=0, le=2**63 - 1)
+    protocol: Literal["http", "tcp"] = "http"
+    hosts: list[HostName] = Field(default_factory=list, max_length=MAX_HOSTS)
+    path_prefix: UrlPath = "/"
+    entrypoints: list[EntryPoint] | None = Field(default=None, min_length=1, max_length=MAX_ENTRYPOINTS)
+    upstream: Upstream
+    canary: Canary | None = None
+    health_check: HealthCheck = Field(default_factory=HealthCheck)
+    allowed_client_ips: list[Cidr] | None = Field(default=None, min_length=1, max_length=MAX_ALLOWED_IPS)
+    upstream_tls: UpstreamTls | None = None
+    tls: StrictBool | RouterTls | None = None
+    middlewares: list[MiddlewareRef] | None = Field(
+        default=None, min_length=1, max_length=MAX_MIDDLEWARES
+    )
+    allowed_client_ips_strategy: IpStrategy | None = None
+
+    @model_serializer(mode="wrap")
+    def _canonical(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        data: dict[str, Any] = handler(self)
+        for name in _OPTIONAL_LATER:
+            if data.get(name) is None:
+                data.pop(name, None)
+        return data
+
+    @field_validator("upstream", mode="before")
+    @classmethod
+    def _kind(cls, value: Any) -> Any:
+        return default_kind(value)
+
+    @field_validator("revision", mode="before")
+    @classmethod
+    def _int_revision(cls, value: Any) -> Any:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError("must be an integer")
+        return value
+
+    @model_validator(mode="after")
+    def _protocol_rules(self) -> Ingress:
+        if self.protocol == "http":
+            if not self.hosts:
+                raise ValueError("hosts: an http ingress needs at least one host")
+            for server in _servers_of(self):
+                if not server.startswith(("http://", "https://")):
+                    raise ValueError(f"upstream: http ingress server {server!r} needs an http(s) URL")
+        else:
+            if self.path_prefix != "/":
+                raise ValueError("path_prefix: a tcp ingress cannot route by path")
+            if self.upstream.kind != "servers" or (self.canary and self.canary.upstream.kind != "servers"):
+                raise ValueError("upstream: a tcp ingress needs kind 'servers'")
+            for server in _servers_of(self):
+                if not server.startswith("tcp://"):
+                    raise ValueError(f"upstream: tcp ingress server {server!r} needs a tcp://host:port URL")
+            for upstream in (self.upstream, self.canary.upstream if self.canary else None):
+                if isinstance(upstream, ServersUpstream) and any(s.weight != 1 for s in upstream.servers):
+                    raise ValueError("upstream: Traefik cannot weight tcp servers; use canary for a weighted split")
+            for name in ("upstream_tls", "tls", "middlewares"):
+                if getattr(self, name) is not None:
+                    raise ValueError(f"{name}: not supported for tcp ingresses")
+        if self.allowed_client_ips_strategy is not None and self.allowed_client_ips is None:
+            raise ValueError("allowed_client_ips_strategy: needs allowed_client_ips")
+        if len(set(self.hosts)) != len(self.hosts):
+            raise ValueError("hosts: must be unique")
+        return self
+
+    @property
+    def key(self) -> IngressRef:
+        """(authority, id): the identity of the ingress."""
+        return IngressRef(self.authority, self.id)
+
+
+def _servers_of(ingress: Ingress) -> list[str]:
+    urls: list[str] = []
+    for upstream in (ingress.upstream, ingress.canary.upstream if ingress.canary else None):
+        if isinstance(upstream, (ServersUpstream, PluginUpstream)):
+            urls.extend(s.url for s in upstream.servers)
+        elif isinstance(upstream, AiProxyMultiUpstream):
+            urls.extend(i.url for i in upstream.instances)
+    return urls

@@ -1,0 +1,156 @@
+"""Upstream kinds (`servers`, `ai-proxy-multi`, a plugin's kind) and the canary split between two of them."""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Literal
+
+from pydantic import Discriminator, Field, StrictBool, StrictFloat, StrictInt, StrictStr, Tag, field_validator
+
+from .bounds import MAX_HEADERS, MAX_INSTANCES, MAX_SERVERS
+from .values import DnsLabel, Strict, UrlPath, Weight, parse_upstream_url
+
+_HEADER_NAME_RE = re.compile(r"^[A-Za-z0-9!#$%&'*+.^_`|~-]{1,128}\Z")
+_HEADER_VALUE_RE = re.compile(r"^[\x20-\x7e\t]{0,4096}\Z")
+
+
+class Server(Strict):
+    """One upstream server."""
+
+    url: str = Field(max_length=512)
+    weight: Weight = 1
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, value: str) -> str:
+        parse_upstream_url(value, ("http", "https", "tcp"))
+        return value
+
+
+class ServersUpstream(Strict):
+    """`kind: servers`: a plain list of servers."""
+
+    kind: Literal["servers"] = "servers"
+    servers: list[Server] = Field(min_length=1, max_length=MAX_SERVERS)
+
+    @field_validator("servers")
+    @classmethod
+    def _unique(cls, value: list[Server]) -> list[Server]:
+        return _unique_urls(value)
+
+
+def _unique_urls(servers: list[Server]) -> list[Server]:
+    if len({s.url for s in servers}) != len(servers):
+        raise ValueError("server urls must be unique")
+    return servers
+
+
+class InstanceChecks(Strict):
+    """Per-instance health check overrides of an `ai-proxy-multi` instance."""
+
+    path: UrlPath | None = None
+    headers: dict[str, str] = Field(default_factory=dict, max_length=MAX_HEADERS)
+    interval: float | None = Field(default=None, gt=0, le=3600)
+    max_retries: int | None = Field(default=None, ge=1, le=100)
+    max_wait_time: float | None = Field(default=None, gt=0, le=300)
+    expected_status_code: int | None = Field(default=None, ge=100, le=599)
+
+    @field_validator("headers")
+    @classmethod
+    def _headers(cls, value: dict[str, str]) -> dict[str, str]:
+        for name, header in value.items():
+            if not _HEADER_NAME_RE.match(name):
+                raise ValueError(f"header name {name!r} is not an HTTP token")
+            if not _HEADER_VALUE_RE.match(header):
+                raise ValueError(f"header {name!r} value must be printable ASCII without CR/LF")
+        return value
+
+
+class Instance(Strict):
+    """One named instance of an `ai-proxy-multi` upstream."""
+
+    name: DnsLabel
+    url: str = Field(max_length=512)
+    weight: Weight = 1
+    checks: InstanceChecks | None = None
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, value: str) -> str:
+        parse_upstream_url(value, ("http", "https"))
+        return value
+
+
+class AiProxyMultiUpstream(Strict):
+    """`kind: ai-proxy-multi`: named instances, each checked on its own."""
+
+    kind: Literal["ai-proxy-multi"]
+    instances: list[Instance] = Field(min_length=1, max_length=MAX_INSTANCES)
+
+    @field_validator("instances")
+    @classmethod
+    def _unique(cls, value: list[Instance]) -> list[Instance]:
+        names = [i.name for i in value]
+        if len(set(names)) != len(names):
+            raise ValueError("instance names must be unique")
+        return value
+
+
+_PLUGIN_KIND_RE = re.compile(r"^[a-z][a-z0-9-]{0,62}\Z")
+_ConfigValue = StrictStr | StrictInt | StrictFloat | StrictBool
+
+
+class PluginUpstream(Strict):
+    """A third-party `kind`: servers rendered as a load balancer, checked by the kind's plugin.
+
+    `config` is the plugin's own settings (flat, at most 32 entries); that a plugin for the kind
+    is installed is checked when the ingress is accepted (docs/plugins.md).
+    """
+
+    kind: str
+    servers: list[Server] = Field(min_length=1, max_length=MAX_SERVERS)
+    config: dict[str, _ConfigValue] = Field(default_factory=dict, max_length=32)
+
+    @field_validator("kind")
+    @classmethod
+    def _kind(cls, value: str) -> str:
+        if not _PLUGIN_KIND_RE.match(value) or value in ("servers", "ai-proxy-multi"):
+            raise ValueError("must be servers, ai-proxy-multi or a plugin kind of [a-z0-9-]")
+        return value
+
+    @field_validator("servers")
+    @classmethod
+    def _unique(cls, value: list[Server]) -> list[Server]:
+        return _unique_urls(value)
+
+
+def _upstream_tag(value: Any) -> str:
+    kind = value.get("kind", "servers") if isinstance(value, dict) else getattr(value, "kind", "servers")
+    return kind if kind in ("servers", "ai-proxy-multi") else "plugin"
+
+
+Upstream = Annotated[
+    Annotated[ServersUpstream, Tag("servers")]
+    | Annotated[AiProxyMultiUpstream, Tag("ai-proxy-multi")]
+    | Annotated[PluginUpstream, Tag("plugin")],
+    Discriminator(_upstream_tag),
+]
+
+
+def default_kind(value: Any) -> Any:
+    # `kind` defaults to `servers`.
+    if isinstance(value, dict) and "kind" not in value:
+        return {"kind": "servers", **value}
+    return value
+
+
+class Canary(Strict):
+    """A weighted split: `weight` percent of traffic goes to the canary upstream."""
+
+    weight: int = Field(ge=1, le=99)
+    upstream: Upstream
+
+    @field_validator("upstream", mode="before")
+    @classmethod
+    def _kind(cls, value: Any) -> Any:
+        return default_kind(value)

@@ -1,0 +1,139 @@
+"""Validated values: names, hosts, paths, addresses and URLs that can reach a Traefik rule or an etcd key.
+
+Each can inject neither rule syntax (backticks, quotes, `||`, parentheses) nor a key segment
+(`/`); the models of this package are built from these.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from typing import Annotated
+from urllib.parse import urlsplit
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictFloat, StrictInt, StrictStr
+
+_DNS_LABEL_RE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?\Z")
+_HOST_LABEL_RE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?\Z")
+_PATH_RE = re.compile(r"^/[A-Za-z0-9._~%+=:@/-]{0,255}\Z")
+_ENTRYPOINT_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}\Z")
+
+
+def _dns_label(value: str) -> str:
+    if not _DNS_LABEL_RE.match(value):
+        raise ValueError("must be a DNS label: 1-63 of [a-z0-9-], lowercase, not starting or ending with '-'")
+    if value.isdigit():
+        raise ValueError("must not be all digits (Traefik decodes a numeric name as a list index)")
+    return value
+
+
+def _hostname(value: str) -> str:
+    if len(value) > 253:
+        raise ValueError("must be at most 253 characters")
+    labels = value.split(".")
+    wildcard = labels[0] == "*"
+    for label in labels[1:] if wildcard else labels:
+        if not _HOST_LABEL_RE.match(label):
+            raise ValueError(
+                "must be an RFC 1123 host name: lowercase labels of [a-z0-9-] separated by '.'"
+            )
+    if wildcard and len(labels) < 3:
+        raise ValueError("a wildcard host needs at least two labels after '*.'")
+    return value
+
+
+def _path(value: str) -> str:
+    if not _PATH_RE.match(value):
+        raise ValueError(
+            "must start with '/' and contain only [A-Za-z0-9._~%+=:@/-] (at most 256 characters)"
+        )
+    return value
+
+
+def validate_entrypoint(value: str) -> str:
+    """An entrypoint name (also used for the config's default_entrypoints)."""
+    if not _ENTRYPOINT_RE.match(value):
+        raise ValueError("must be an entrypoint name of [A-Za-z0-9_-] (at most 64 characters)")
+    return value
+
+
+def _cidr(value: str) -> str:
+    try:
+        return str(ipaddress.ip_network(value, strict=False))
+    except ValueError:
+        raise ValueError("must be an IP address or CIDR range such as 10.0.0.0/8") from None
+
+
+DnsLabel = Annotated[str, AfterValidator(_dns_label)]
+# A server's share of its group: an integer, or a ratio such as Backend.AI's traffic_ratio (0.7);
+# 0 sends it no traffic. Rendered as Traefik's integer weights (render/renderer.py).
+Weight = Annotated[StrictInt | StrictFloat, Field(ge=0, le=1_000_000, allow_inf_nan=False)]
+
+
+def _authority(value: str) -> str:
+    if not value:
+        raise ValueError("must not be empty")
+    if "/" in value:
+        raise ValueError("must not contain '/' (it is one segment of the etcd keys)")
+    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in value):
+        raise ValueError("must not contain control characters")
+    if len(value.encode()) > 253:
+        raise ValueError("must be at most 253 bytes")
+    return value
+
+
+# Backend.AI's authority is free text: kept verbatim in keys, mapped to a safe label in object names (keys.py).
+Authority = Annotated[StrictStr, AfterValidator(_authority)]
+HostName = Annotated[str, AfterValidator(_hostname)]
+UrlPath = Annotated[str, AfterValidator(_path)]
+EntryPoint = Annotated[str, AfterValidator(validate_entrypoint)]
+Cidr = Annotated[str, AfterValidator(_cidr)]
+
+
+class Strict(BaseModel):
+    """The base of every ingress model: unknown fields rejected, values immutable, no type coercion."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+
+_SIMPLE_URL_RE = re.compile(
+    r"^(?P<scheme>[a-z]+)://(?P<host>(?:\d{1,3}\.){3}\d{1,3}|[a-z0-9]([a-z0-9.-]{0,251}[a-z0-9])?):(?P<port>\d{1,5})/?\Z"
+)
+
+
+def parse_upstream_url(value: str, schemes: tuple[str, ...]) -> tuple[str, str, int]:
+    """Split a server URL into (scheme, host, port); raise ValueError naming what is wrong."""
+    simple = _SIMPLE_URL_RE.match(value)
+    if simple and simple["scheme"] in schemes and 0 < int(simple["port"]) < 65536:
+        # The common case (scheme://ipv4-or-name:port), checked without urlsplit.
+        host = simple["host"]
+        if host[0].isdigit() and host.replace(".", "").isdigit():
+            # Four octets (the pattern), each 0-255 without a leading zero: what ip_address accepts.
+            if any(int(octet) > 255 or (octet[0] == "0" and octet != "0") for octet in host.split(".")):
+                raise ValueError(f"{host} is not a valid IP address")
+        else:
+            _hostname(host)
+        return simple["scheme"], host, int(simple["port"])
+    if any(c in value for c in "`\"'(),|\\ \t\r\n"):
+        raise ValueError("must not contain quotes, backticks, parentheses, '|', ',' or whitespace")
+    parts = urlsplit(value)
+    if parts.scheme not in schemes:
+        raise ValueError(f"scheme must be one of {', '.join(schemes)}")
+    if parts.username or parts.password:
+        raise ValueError("must not carry credentials")
+    if parts.query or parts.fragment:
+        raise ValueError("must not carry a query or fragment")
+    try:
+        port = parts.port
+    except ValueError:
+        raise ValueError("port must be a number in 1-65535") from None
+    host = parts.hostname
+    if not host or port is None or port == 0:
+        raise ValueError("must have a host and an explicit port, e.g. http://10.0.0.5:8000")
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        _hostname(host)
+    if parts.path not in ("", "/"):
+        _path(parts.path)
+    return parts.scheme, host, port
