@@ -1,4 +1,4 @@
-"""Writer benchmarks (issue 3), printed as ratios against raw etcd writes measured in the same run.
+"""Writer benchmarks, printed as ratios against raw etcd writes measured in the same run.
 
 1. Bulk sync of N ingresses into an empty etcd, versus writing the very same keys with bare
    128-op transactions (same number in flight). Target: <= 1.5x. Also the same bare writes

@@ -20,11 +20,11 @@ import aiohttp
 from exporter.embedded import EmbeddedEtcd, free_port, start_etcd
 from exporter.ingress import Ingress
 from exporter.keys import KeyLayout
-from exporter.plan.observed import Observed
 from exporter.plan.planner import Planner
 from exporter.render.renderer import Renderer
 from exporter.render.root_keys import generate_certificate
 from exporter.store.records import Record
+from exporter.write.observed import Observed
 
 TOKEN = "bench-token"
 HEADERS = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"}

@@ -1,4 +1,4 @@
-"""Failover (issue 7): leader SIGKILL to the first leader-only write by its successor, median of runs.
+"""Failover: leader SIGKILL to the first leader-only write by its successor, median of runs.
 
 Three sidecars share one root; an ingress is health-checked against a backend that is killed
 right after the leader, so the successor's first leader-only write is that ejection.

@@ -1,4 +1,4 @@
-"""Passive-health benchmarks (issue 13).
+"""Passive-health benchmarks.
 
 1. Access-log throughput on one core: Traefik JSON lines appended to a file, read by the
    follower, classified and counted (`LogFollower` + `classify` + `PassiveHealth.observe`),

@@ -1,4 +1,4 @@
-"""Probe capacity (issue 5): targets at a 1 s interval one engine sustains with scheduling lag p99 < 100 ms,
+"""Probe capacity: targets at a 1 s interval one engine sustains with scheduling lag p99 < 100 ms,
 against a raw aiohttp request loop to the same local backends in the same run.
 
 The backends run in a separate process (4 aiohttp servers on loopback ports).

@@ -1,4 +1,4 @@
-"""Push API benchmarks (issue 4), against a daemon process, with raw etcd baselines from the same run.
+"""Push API benchmarks, against a daemon process, with raw etcd baselines from the same run.
 
 1. Push-to-commit latency (p50, p99) of single-ingress upserts with 10 and with N ingresses in
    place, against one bare etcd txn round trip. Target: p99 <= 3x the round trip, flat in N.

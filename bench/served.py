@@ -1,4 +1,4 @@
-"""Push-to-served benchmarks (issue 11), against a daemon process next to a real Traefik.
+"""Push-to-served benchmarks, against a daemon process next to a real Traefik.
 
 1. Latency of `?wait=served` upserts (204 once Traefik serves them) against plain upserts
    (204 once committed) in the same run, with 1 and with 100 ingresses per request: p50, p99.

@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import signal
 import ssl
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from aiohttp import web
@@ -35,7 +35,6 @@ from .health.shared import SharedHealth
 from .ingress import Ingress
 from .keys import IngressRef, KeyLayout
 from .leader import Leadership
-from .plan.observed import Observed
 from .plan.planner import Planner
 from .reconcile import Cadence, Inbox, Reconciler, TxnLimits
 from .render.renderer import Renderer
@@ -44,9 +43,11 @@ from .roles import Admission, AlwaysLeader, Ejections, LeaderPolicy
 from .sources.api import is_loopback, push_api_app
 from .sources.files import IngressFiles
 from .store.records import RecordStore
+from .supervisor import Supervisor
 from .traefik.api import TraefikApi
 from .traefik.observer import TraefikObserver
 from .traefik.serving import Serving
+from .write.observed import Observed
 
 # Seconds of silence from etcd after which it is asked (readiness sees an outage while idle).
 _PROBE_EVERY = 1.0
@@ -83,6 +84,7 @@ def build_reconciler(
     leader: LeaderPolicy | None = None,
     ejections: Ejections | None = None,
     admission: Admission | None = None,
+    supervisor: Supervisor | None = None,
 ) -> Reconciler:
     """The reconciler the settings describe, built with the given collaborators (each defaults to a lone daemon's).
 
@@ -108,6 +110,7 @@ def build_reconciler(
         leader=leader,
         ejections=ejections,
         admission=admission,
+        supervisor=supervisor,
     )
 
 
@@ -184,6 +187,7 @@ class Daemon:
 
     def __init__(self, settings: Settings, dry_run: bool = False) -> None:
         self.settings = settings
+        self.supervisor = Supervisor()
         layout = settings.layout()
         self.etcd = etcd_client(settings)
         inbox = Inbox()
@@ -199,24 +203,25 @@ class Daemon:
         passive = _passive(settings, layout)
         self.health = HealthEngine(
             load_kinds(BUILTIN), inbox, concurrency=settings.health.concurrency, shared=self.shared,
-            rendered_urls=observed.server_urls, passive=passive, transitions=self.notifier,
+            rendered_urls=observed.server_urls, passive=passive, transitions=self.notifier, supervisor=self.supervisor,
         )
         self.renderer = Renderer(layout, settings.default_entrypoints, settings.templates.dir)
         self.reconciler = build_reconciler(
             settings, self.etcd, dry_run=dry_run, layout=layout, renderer=self.renderer,
             store=RecordStore(self.health.update), observed=observed, inbox=inbox,
-            leader=self.leadership or AlwaysLeader(), ejections=self.health, admission=self.health,
+            leader=self.leadership or AlwaysLeader(), ejections=self.health, admission=self.health, supervisor=self.supervisor,
         )
         self.passive = _passive_monitor(settings, layout, passive, self.health, self._ingress, self.leadership)
         self.observer = _observer(settings, layout, observed, self.reconciler.store)
         self.serving = Serving(
-            layout, observed, lambda: self.reconciler.render_errors, self.observer, settings.api.served_timeout
+            layout, self.reconciler.ledger, lambda: self.reconciler.render_errors, self.observer, settings.api.served_timeout
         )
         self.files = IngressFiles(settings.sources.files, self.reconciler, settings.sources.max_file_bytes)
         self.discovery = _discovery(settings)
         self.stop_event = asyncio.Event()
         self.sources_applied = False
         self._stopping = False
+        self._electing = self._following_files = False
         self._runners: list[web.AppRunner] = []
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -251,7 +256,7 @@ class Daemon:
             reasons += self.observer.readiness()
         if self.discovery is not None:
             reasons += self.discovery.readiness()
-        return reasons
+        return reasons + self.supervisor.readiness()
 
     def _accepting(self) -> bool:
         status = self.reconciler.status
@@ -290,22 +295,25 @@ class Daemon:
             self._runners.append(await _serve(push_api, api.listen, api_tls))
             logger.info("push API on {}://{}", "https" if api_tls else "http", api.listen)
         await self.reconciler.start()
-        self._tasks.append(asyncio.create_task(self._probe_etcd(), name="etcd-probe"))
+        self._spawn("etcd-probe", self._probe_etcd)
         if self.observer is not None:
-            self._tasks.append(asyncio.create_task(self.observer.run(), name="traefik-observer"))
+            self._spawn("traefik-observer", self.observer.run)
         if self.discovery is not None:
-            self._tasks.append(asyncio.create_task(self.discovery.run(), name="discovery"))
-        if self.settings.templates.dir is not None:
-            self._tasks.append(asyncio.create_task(self._watch_templates(self.settings.templates.dir), name="templates"))
-        if self.shared is not None:
+            self._spawn("discovery", self.discovery.run)
+        if (templates := self.settings.templates.dir) is not None:
+            self._spawn("templates", lambda: self._watch_templates(templates))
+        if (shared := self.shared) is not None:
             # Followers' metrics follow the leader's states; the leader publishes its engine's documents.
-            self._tasks.append(asyncio.create_task(self.shared.run_reader(self._shared_changed), name="health-reader"))
-            self._tasks.append(asyncio.create_task(self.shared.run_publisher(self.health.document), name="health-publisher"))
+            self._spawn("health-reader", lambda: shared.run_reader(self._shared_changed))
+            self._spawn("health-publisher", lambda: shared.run_publisher(self.health.document))
         if self.passive is not None:
-            self._tasks.append(asyncio.create_task(self.passive.run(), name="passive-health"))
+            self._spawn("passive-health", self.passive.run)
         if self.notifier is not None:
-            self._tasks.append(asyncio.create_task(self.notifier.run(), name="health-notifier"))
-        self._tasks.append(asyncio.create_task(self._sources(), name="sources"))
+            self._spawn("health-notifier", self.notifier.run)
+        self._spawn("startup", self._after_sync)
+
+    def _spawn(self, name: str, run: Callable[[], Awaitable[None]]) -> None:
+        self._tasks.append(self.supervisor.spawn(name, run))
 
     async def _probe_etcd(self) -> None:
         # Readiness must see an etcd outage also while nothing is written: ask when etcd has been quiet.
@@ -328,7 +336,7 @@ class Daemon:
         # Probing, repair and the periodic reconcile follow leadership.
         if self._stopping:
             return
-        self._tasks.append(asyncio.create_task(self._lead() if leader else self.health.stop()))
+        self._spawn("lead" if leader else "follow", self._lead if leader else self.health.stop)
 
     async def _lead(self) -> None:
         # Probing starts from the published states before the first leader-only pass plans.
@@ -343,12 +351,19 @@ class Daemon:
             logger.info("templates in {} changed: re-rendering every ingress", directory)
             self.reconciler.request_full()
 
-    async def _sources(self) -> None:
+    async def _after_sync(self) -> None:
+        # Once etcd is read: probing (or the election that starts it), then the ingress files.
         await self.reconciler.wait_synced()
         if self.leadership is None:
             await self.health.start()
-        else:
-            self._tasks.append(asyncio.create_task(self.leadership.run(), name="leadership"))
+        elif not self._electing:
+            self._electing = True
+            self._spawn("leadership", self.leadership.run)
+        if not self._following_files:
+            self._following_files = True
+            self._spawn("ingress-files", self._ingress_files)
+
+    async def _ingress_files(self) -> None:
         self.files.adopt(self.reconciler.store.by_authority())
         await self.files.sync_all()
         self.sources_applied = True

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +14,10 @@ import pytest
 from exporter.daemon import Daemon
 from exporter.embedded import EmbeddedEtcd, EmbeddedTraefik, free_port, start_etcd, start_traefik
 from exporter.etcd.client import EtcdClient
+from exporter.etcd.types import Compare, Op, TxnResult
+from exporter.keys import IngressRef
 from exporter.render.renderer import BUILTIN_TEMPLATES
+from exporter.traefik.api import TraefikApi
 from tests.conftest import API_TOKEN, ROOT, settings_for
 from tests.helpers import AUTHORITY, Backend, eventually, serves, uid
 
@@ -136,6 +139,57 @@ async def test_wait_served_answers_once_traefik_serves_and_removal_once_it_no_lo
         assert await serves(http, traefik.url("web"), f"{iid}.test", body="waited")
         assert (await client.remove(iid, wait=True))[0] == 204
         assert await serves(http, traefik.url("web"), f"{iid}.test", status=404)
+
+
+async def test_wait_served_waits_for_the_last_part_of_a_split_ingress(
+    etcd: EmbeddedEtcd, traefik: EmbeddedTraefik, http: aiohttp.ClientSession, backends: list[Backend],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # 40 servers (39 of weight 0) are more keys than 16 operations: the ingress is written as several transactions,
+    # its record in the first, its router in the last. Each part is held until Traefik applied
+    # the one before, so Traefik has served the record's revision long before the last part.
+    backend = await Backend("split").start()
+    backends.append(backend)
+    running = Daemon(settings_for(etcd.url, **_settings(etcd.url, traefik.api), etcd={"endpoints": [etcd.url], "max_txn_ops": 16}))
+    iid = uid()
+    parts: list[int] = []
+    beacons: list[str | None] = []
+    send = running.etcd.txn
+    shown = TraefikApi(traefik.api)
+
+    async def paced(compares: Sequence[Compare], ops: Sequence[Op]) -> TxnResult:
+        ours = any(f"_{iid}" in op.key for op in ops)
+        if ours and beacons:
+            await eventually(lambda: _shows(shown, beacons[-1]), timeout=20)
+        reply = await send(compares, ops)
+        if ours and reply.succeeded:
+            parts.append(reply.revision)
+            beacons.append(next(op.value for op in ops if op.key == running.settings.layout().beacon_key(ROOT)))
+        return reply
+
+    monkeypatch.setattr(running.etcd, "txn", paced)
+    await running.start()
+    client = Client(running, http)
+    try:
+        await running.reconciler.wait_synced(30)
+        servers = [{"url": backend.url}, *({"url": f"http://127.0.0.1:{10_000 + n}", "weight": 0} for n in range(39))]
+        body = {"authority": AUTHORITY, "id": iid, "revision": 1, "hosts": [f"{iid}.test"], "upstream": {"servers": servers}}
+        client.pushed[iid] = 1
+        assert (await client.push("upsert", body, wait=True))[0] == 204
+        assert len(parts) >= 3
+        assert running.reconciler.ledger.revision_of(IngressRef(AUTHORITY, iid)) == parts[-1]
+        # Answered only once Traefik applied the last part: the router is there at once.
+        assert running.observer is not None and running.observer.served(ROOT, parts[-1])
+        assert await serves(http, traefik.url("web"), f"{iid}.test", body="split")
+    finally:
+        for ref in list(client.pushed):
+            await client.remove(ref)
+        await running.stop()
+        await shown.close()
+
+
+async def _shows(api: TraefikApi, beacon: str | None) -> bool:
+    return await api.beacon() == beacon
 
 
 async def test_a_foreign_undecodable_key_freezes_traefik_is_named_and_clearing_it_converges(

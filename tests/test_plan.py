@@ -5,12 +5,13 @@ from __future__ import annotations
 from exporter.etcd.types import Compare
 from exporter.keys import IngressRef, KeyLayout
 from exporter.plan.format import format_plan
-from exporter.plan.observed import Observed
 from exporter.plan.plan import Change, Plan, UnitPlan, order_changes, plan_ingress
 from exporter.plan.planner import Planner
 from exporter.render.renderer import Renderer
 from exporter.render.root_keys import DefaultCertificate
 from exporter.store.records import decode_record
+from exporter.write.ledger import with_record
+from exporter.write.observed import Observed
 from exporter.write.packing import pack
 from tests.helpers import record
 
@@ -132,13 +133,12 @@ def test_order_changes_never_leaves_a_router_pointing_at_nothing() -> None:
     changes = [
         Change("r/http/services/a/x", "1", None),
         Change("r/http/routers/a/rule", None, "r"),
-        Change("rec", None, "v"),
         Change("r/http/services/b/x", None, "1"),
         Change("r/http/routers/c/rule", "r", None),
     ]
-    ordered = [c.key for c in order_changes(changes, "rec")]
+    ordered = [c.key for c in with_record(order_changes(changes), Change("rec", None, "v"))]
     assert ordered == ["rec", "r/http/routers/c/rule", "r/http/services/b/x", "r/http/routers/a/rule", "r/http/services/a/x"]
-    removal = order_changes([Change("rec", "v", None), Change("r/http/routers/a/rule", "x", None)], "rec")
+    removal = with_record(order_changes([Change("r/http/routers/a/rule", "x", None)]), Change("rec", "v", None))
     assert [c.key for c in removal] == ["r/http/routers/a/rule", "rec"]
 
 

@@ -6,7 +6,6 @@ in test_writer_invariants.py, test_recovery.py and test_sidecars.py.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
@@ -189,9 +188,9 @@ async def test_events_during_our_own_transactions_are_deferred_ours_ignored_and_
         await rec.submit([record(other, upstream=UP)])
 
         async def edit_while_we_write(_c: Sequence[Compare], _o: Sequence[Op]) -> None:
-            await etcd.put(rule_key(other), "Host(`edited.test`)")
-            for _ in range(5):
-                await asyncio.sleep(0)  # the watch sees the edit while our transaction is in flight
+            # The watch hands the edit over while our transaction is in flight.
+            edited = await etcd.put(rule_key(other), "Host(`edited.test`)")
+            await eventually(lambda: _delivered(etcd, LAYOUT.roots_prefix, edited))
 
         etcd.before_txn = edit_while_we_write
         await rec.submit([record(iid, upstream=UP)])
@@ -345,3 +344,7 @@ async def test_an_unexpected_error_fails_the_queued_request_and_the_loop_carries
         assert "internal error" in info.value.title
         await rec.submit([record(second, upstream=UP)])
         assert etcd.value(rule_key(second)) == f"Host(`{second}.test`)"
+
+
+async def _delivered(etcd: FakeEtcd, prefix: str, revision: int) -> bool:
+    return etcd.delivered.get(prefix, 0) >= revision

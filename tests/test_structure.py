@@ -1,4 +1,4 @@
-"""The package stays easy to change: no class over 250 lines, no function over 50 (issue 10's rule)."""
+"""The package stays easy to change: no class over 250 lines, no function over 50; one owner for the commit rule."""
 
 from __future__ import annotations
 
@@ -21,3 +21,21 @@ def _sizes() -> list[tuple[int, str, str]]:
 def test_no_class_over_250_lines_and_no_function_over_50() -> None:
     too_big = [(n, kind, where) for n, kind, where in _sizes() if n > (250 if kind == "class" else 50)]
     assert too_big == []
+
+
+def _record_compares() -> list[str]:
+    """Where a `Compare` on a record key is built: the first argument names a record."""
+    out = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        source = path.read_text()
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", None)) == "Compare" and node.args:
+                first = ast.get_source_segment(source, node.args[0]) or ""
+                if "record" in first.lower():
+                    out.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno}")
+    return out
+
+
+def test_only_the_commit_ledger_builds_a_record_compare() -> None:
+    where = _record_compares()
+    assert where and all(w.startswith("exporter/write/ledger.py:") for w in where), where

@@ -11,6 +11,7 @@ interval: flapping is damped by construction.
 from __future__ import annotations
 
 import asyncio
+import functools
 import random
 import time
 from collections.abc import Callable, Sequence
@@ -22,6 +23,7 @@ from prometheus_client import Counter, Histogram
 from ..errors import ValidationFailed
 from ..ingress import Ingress, PluginUpstream
 from ..keys import IngressRef
+from ..supervisor import Supervisor
 from . import report
 from .checkers import CheckerKind, CheckerTarget, Node, targets_of
 from .notify import Transitions
@@ -39,6 +41,7 @@ class Replan(Protocol):
         ...
 
 PROBES = Counter("exporter_health_probes_total", "health probes by result", ["result"])
+PLUGIN_ERRORS = Counter("exporter_health_plugin_errors_total", "checker plugin probes that raised (counted as failures)", ["plugin"])
 TRANSITIONS = Counter("exporter_health_transitions_total", "node routing changes", ["to"])
 LAG = Histogram(
     "exporter_health_schedule_lag_seconds", "how late probes start against their schedule",
@@ -60,11 +63,13 @@ class HealthEngine:
         passive: PassiveHealth | None = None,
         transitions: Transitions | None = None,
         clock: Callable[[], float] = time.monotonic,
+        supervisor: Supervisor | None = None,
     ) -> None:
         """`shared`: set on every exporter sharing a root (followers read the leader's states from it);
         `rendered_urls`: the server URLs an ingress's load balancers hold in etcd right now;
         `passive`: passive health, whose ejections add to the probes'; `transitions`: told of every
-        routed / not routed change of a node (the leader's notifications)."""
+        routed / not routed change of a node (the leader's notifications); `supervisor`: runs the
+        probe tasks (a crash is logged, counted and restarted)."""
         self.kinds = kinds
         self._replan = replan
         self._clock = clock
@@ -75,6 +80,9 @@ class HealthEngine:
         self._rendered_urls = rendered_urls
         self.passive = passive
         self._transitions = transitions
+        self._supervisor = supervisor if supervisor is not None else Supervisor()
+        # Targets whose plugin probe raised, until it answers again (logged once, not per probe).
+        self._raising: set[str] = set()
 
     # ----- targets
 
@@ -105,7 +113,7 @@ class HealthEngine:
                 previous.task = None
             new[target.name] = checked
             if checked.task is None and self._running:
-                checked.task = asyncio.create_task(self._run(owner, target.name), name=f"probe {target.name}")
+                checked.task = self._spawn_probe(owner, target.name)
         for gone in old.values():
             if gone.task is not None:
                 gone.task.cancel()
@@ -154,7 +162,10 @@ class HealthEngine:
         for owner, targets in self._checked.items():
             for name, checked in targets.items():
                 if checked.task is None:
-                    checked.task = asyncio.create_task(self._run(owner, name), name=f"probe {name}")
+                    checked.task = self._spawn_probe(owner, name)
+
+    def _spawn_probe(self, owner: IngressRef, name: str) -> asyncio.Task[None]:
+        return self._supervisor.spawn(f"probe {name}", functools.partial(self._run, owner, name), group="health-probe")
 
     def _adopt_published(self) -> None:
         # A new leader continues from its predecessor's states: no burst of spurious ejections.
@@ -236,10 +247,27 @@ class HealthEngine:
     async def _probe(self, target: CheckerTarget, node: Node) -> Any:
         async with self._limit:
             if target.probe is not None:
-                return await target.probe(node, target.check)
+                return await self._plugin_probe(target, node)
             if target.check.type == "tcp":
                 return await tcp_probe(node, target.check)
             return await http_probe(node, target.check)
+
+    async def _plugin_probe(self, target: CheckerTarget, node: Node) -> Any:
+        # A plugin's probe that raises is a failed probe of that node; checking goes on.
+        assert target.probe is not None
+        where = f"{target.name} {node.url}"
+        try:
+            outcome = await target.probe(node, target.check)
+        except Exception as exc:  # noqa: BLE001 - a broken plugin must not stop checking its target
+            PLUGIN_ERRORS.labels(target.plugin or "unnamed").inc()
+            if where not in self._raising:
+                self._raising.add(where)
+                logger.opt(exception=exc).error("health: plugin {} raised probing {}; counted as a failed probe", target.plugin, where)
+            return "tcp_failure" if target.check.type == "tcp" else "http_failure"
+        if where in self._raising:
+            self._raising.discard(where)
+            logger.info("health: plugin {} probes {} again", target.plugin, where)
+        return outcome
 
     def count_states(self) -> None:
         """Refresh the nodes-by-state gauge (from the published states on a follower)."""

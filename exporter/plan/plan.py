@@ -14,6 +14,7 @@ from typing import NamedTuple
 from ..etcd.types import Compare
 from ..keys import IngressRef
 from ..store.records import Record
+from ..write.ledger import record_guard, with_record
 
 
 class Change(NamedTuple):
@@ -34,8 +35,8 @@ class UnitPlan:
     """The changes of one ingress (`owner` set) or of one root's own keys (`owner` None).
 
     `changes` are in a safe order for splitting: router deletes, other puts, router puts,
-    other deletes (so no router ever references a missing object); the record put comes
-    first, a record delete last.
+    other deletes (so no router ever references a missing object), with the record placed
+    as the commit ledger's rule says (write/ledger.py: its put first, its delete last).
     """
 
     name: str
@@ -65,26 +66,22 @@ class Plan:
         return [c for unit in self.units for c in unit.changes]
 
 
-def order_changes(changes: list[Change], record_key: str | None) -> list[Change]:
-    """Order changes so that every prefix of the list is safe to commit on its own.
+def order_changes(changes: list[Change]) -> list[Change]:
+    """Order key changes so that every prefix of the list leaves no router referencing a missing object.
 
-    Record put, router deletes, other puts, router puts, other deletes, record delete (one
-    pass: this runs for every ingress of a bulk sync).
+    Router deletes, other puts, router puts, other deletes (one pass: this runs for every
+    ingress of a bulk sync).
     """
-    record_put: list[Change] = []
     router_del: list[Change] = []
     other_put: list[Change] = []
     router_put: list[Change] = []
     other_del: list[Change] = []
-    record_del: list[Change] = []
     for change in changes:
-        if change.key == record_key:
-            (record_del if change.new is None else record_put).append(change)
-        elif "/routers/" in change.key:
+        if "/routers/" in change.key:
             (router_del if change.new is None else router_put).append(change)
         else:
             (other_del if change.new is None else other_put).append(change)
-    return record_put + router_del + other_put + router_put + other_del + record_del
+    return router_del + other_put + router_put + other_del
 
 
 def plan_ingress(
@@ -108,13 +105,12 @@ def plan_ingress(
         changes = [Change(key, None, value) for key, value in want.items()]
     record_value = desired_record.to_value() if desired_record is not None else None
     old_record = observed_record[0] if observed_record else None
-    if record_value != old_record:
-        changes.append(Change(record_key, old_record, record_value))
-    if not changes:
+    record = Change(record_key, old_record, record_value) if record_value != old_record else None
+    if not changes and record is None:
         return None
     return UnitPlan(
         name=str(owner),
-        changes=order_changes(changes, record_key),
+        changes=with_record(order_changes(changes), record),
         compares=_guards(record_key, observed_record, observed_objects, desired_objects),
         owner=owner,
         record=desired_record,
@@ -129,7 +125,7 @@ def _guards(
 ) -> list[Compare]:
     """The compares of one ingress's transaction.
 
-    The record guards against every other exporter (they write it with the keys); a range
+    The record guards against every other exporter (write/ledger.py); a range
     compare per object guards its keys against any other writer, and against a mirror that
     has seen a peer's record but not yet its keys (two watches). A brand-new ingress (no
     record anywhere) needs no range compare for the objects it creates: no exporter wrote
@@ -137,7 +133,7 @@ def _guards(
     like any drift. That saves etcd a range scan per object on every creation, the bulk of
     a bulk sync.
     """
-    compares = [Compare(record_key, "EQUAL", observed_record[1] if observed_record else 0)]
+    compares = [record_guard(record_key, observed_record)]
     guarded = set(observed_objects) if observed_record is None else set(observed_objects) | set(desired_objects)
     for obj in sorted(guarded):
         keys = observed_objects.get(obj, {})

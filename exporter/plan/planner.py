@@ -12,7 +12,7 @@ from ..render.renderer import Renderer
 from ..render.root_keys import DefaultCertificate, root_keys
 from ..roles import Ejections, NoEjections
 from ..store.records import Record
-from .observed import Observed
+from ..write.observed import Observed
 from .plan import Plan, UnitPlan, plan_ingress, plan_root
 
 _NO_EJECTIONS = NoEjections()

@@ -17,12 +17,12 @@ from loguru import logger
 from ..errors import EtcdError, EtcdUnavailable
 from ..keys import IngressRef
 from ..plan.format import format_plan
-from ..plan.observed import Observed
 from ..plan.plan import Plan, UnitPlan
 from ..plan.planner import Planner
 from ..roles import Ejections, LeaderPolicy
 from ..store.records import Record, RecordStore
 from ..write import metrics
+from ..write.observed import Observed
 from ..write.writer import ApplyResult, Writer
 from .intents import NOT_WRITTEN, Outcome, peer_verdict
 from .mirror import Mirror

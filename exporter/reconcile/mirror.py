@@ -2,7 +2,8 @@
 
 Everything under the roots and the records prefix is mirrored into `Observed` (what plans
 diff against) and the committed records into the `RecordStore`. Watch events of our own
-transactions are recognised by revision without decoding; events that arrive while our
+transactions are recognised by revision without decoding (the commit ledger keeps our
+revisions, and is told of everyone else's commits); events that arrive while our
 transactions are in flight wait until they are done. Keys someone else changed flag their
 ingress as drifted (`on_drift`); a watch etcd cancels asks for a re-list (`on_stale`).
 
@@ -16,6 +17,7 @@ stopped otherwise.
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from contextlib import asynccontextmanager
@@ -26,9 +28,11 @@ from ..errors import EtcdError, RecordDecodeError, WatchCanceled
 from ..etcd.store import EtcdStore
 from ..etcd.types import WatchEvent
 from ..keys import IngressRef, KeyLayout
-from ..plan.observed import Observed
 from ..plan.plan import UnitPlan
 from ..store.records import RecordStore, decode_record
+from ..supervisor import Supervisor
+from ..write.ledger import CommitLedger
+from ..write.observed import Observed
 from ..write.writer import Writer
 
 _BACKOFF_MAX = 5.0
@@ -44,19 +48,23 @@ class Mirror:
         observed: Observed,
         store: RecordStore,
         writer: Writer,
+        ledger: CommitLedger,
         *,
         on_drift: Callable[[Sequence[IngressRef]], None],
         on_stale: Callable[[], None],
         idle_timeout: float = 60.0,
+        supervisor: Supervisor | None = None,
     ) -> None:
         self._etcd = etcd
         self._layout = layout
         self._observed = observed
         self._store = store
         self._writer = writer
+        self._ledger = ledger
         self._on_drift = on_drift
         self._on_stale = on_stale
         self._idle_timeout = idle_timeout
+        self._supervisor = supervisor if supervisor is not None else Supervisor()
         self._listed = asyncio.Event()
         self._deferred: list[WatchEvent] = []
         self._draining: asyncio.Task[None] | None = None
@@ -118,7 +126,9 @@ class Mirror:
         """(Re)start the watches; after an etcd restart a long-poll watch can block forever without an error."""
         for task in self._watches:
             task.cancel()
-        self._watches = [asyncio.create_task(self._watch(p), name=f"watch {p}") for p in self._watched()]
+        self._watches = [
+            self._supervisor.spawn(f"watch {p}", functools.partial(self._watch, p), group="watch") for p in self._watched()
+        ]
 
     async def stop(self) -> None:
         """Stop watching."""
@@ -153,7 +163,7 @@ class Mirror:
 
     def _resume_at(self, prefix: str) -> int:
         """Where the watch on `prefix` can resume: past every revision after its position that was our own commit."""
-        return self._writer.own_run(max(self._positions.get(prefix, 0), self._observed.revision))
+        return self._ledger.own_run(max(self._positions.get(prefix, 0), self._observed.revision))
 
     def _caught_up(self) -> bool:
         """True when no watch has anything to replay before our newest commit.
@@ -161,7 +171,7 @@ class Mirror:
         A watch still replaying (it resumed where it stopped, or another writer wrote) is left
         to stream: stopping it again would only make etcd send the same events once more.
         """
-        newest = self._writer.newest_own
+        newest = self._ledger.newest_own
         return all(self._resume_at(p) >= newest for p in self._watched())
 
     async def _watch(self, prefix: str) -> None:
@@ -174,7 +184,7 @@ class Mirror:
                     self._on_events(events)
                     last = max(self._positions.get(prefix, 0), *(e.mod_revision for e in events))
                     self._positions[prefix] = last
-                    self._writer.forget_until(last)
+                    self._ledger.forget_until(last)
                     backoff = 0.1
             except WatchCanceled as exc:
                 logger.warning("watch on {} canceled at compacted revision {}: re-listing", prefix, exc.compact_revision)
@@ -190,7 +200,7 @@ class Mirror:
             # the replies are in, without decoding them.
             self._deferred.extend(events)
             if self._draining is None or self._draining.done():
-                self._draining = asyncio.create_task(self._drain_deferred())
+                self._draining = self._supervisor.spawn("deferred events", self._drain_deferred)
             return
         self.apply_events(events)
 
@@ -204,7 +214,7 @@ class Mirror:
         """Mirror events from a watch; ingresses someone else changed are reported as drifted."""
         changed: set[IngressRef] = set()
         for event in events:
-            if event.mod_revision <= self._observed.revision or self._writer.is_own(event.mod_revision):
+            if event.mod_revision <= self._observed.revision or self._ledger.is_own(event.mod_revision):
                 continue  # already known, or written by us (a txn is one revision)
             ref = self._apply_event(event)
             if ref is not None:
@@ -224,7 +234,13 @@ class Mirror:
         if self._writer.is_writing(key, value):
             return None  # our own transaction, seen before its reply
         if key.startswith(self._layout.records_dir):
-            return self.adopt_record(key, value)
+            ref = self.adopt_record(key, value)
+            if ref is not None:
+                self._ledger.observed(ref, event.mod_revision, record=True)
+            return ref
         # Peers (other sidecars) write these keys too: only a repair is worth an INFO line.
         logger.debug("key {} changed by another writer at revision {}", key, event.mod_revision)
-        return self._layout.owner_of_key(key)
+        ref = self._layout.owner_of_key(key)
+        if ref is not None:
+            self._ledger.observed(ref, event.mod_revision, record=False)
+        return ref

@@ -16,12 +16,14 @@ from dataclasses import dataclass
 from ..errors import EtcdUnavailable, TemplateError
 from ..etcd.store import EtcdStore
 from ..keys import IngressRef, KeyLayout
-from ..plan.observed import Observed
 from ..plan.plan import Plan
 from ..plan.planner import Planner
 from ..roles import Admission, AdmitAll, AlwaysLeader, Ejections, LeaderPolicy, NoEjections
 from ..store.records import Record, RecordStore
 from ..store.revisions import classify_remove, classify_upsert
+from ..supervisor import Supervisor
+from ..write.ledger import CommitLedger
+from ..write.observed import Observed
 from ..write.writer import Writer
 from .commit import Committer
 from .inbox import Inbox
@@ -65,6 +67,7 @@ class Reconciler:
         cadence: Cadence = Cadence(),
         limits: TxnLimits = TxnLimits(),
         dry_run: bool = False,
+        supervisor: Supervisor | None = None,
     ) -> None:
         self.store = store if store is not None else RecordStore()
         self.status = Status()
@@ -74,11 +77,14 @@ class Reconciler:
         self._ejections = ejections if ejections is not None else NoEjections()
         self._admission = admission if admission is not None else AdmitAll()
         self._intents = Intents(self.store)
+        self._supervisor = supervisor if supervisor is not None else Supervisor()
         leader = leader if leader is not None else AlwaysLeader()
-        writer = Writer(etcd, self.observed, max_ops=limits.max_ops, max_bytes=limits.max_bytes, max_in_flight=limits.max_in_flight)
+        self.ledger = CommitLedger(self.observed)
+        writer = Writer(etcd, self.ledger, max_ops=limits.max_ops, max_bytes=limits.max_bytes, max_in_flight=limits.max_in_flight)
         self._mirror = Mirror(
-            etcd, layout, self.observed, self.store, writer,
+            etcd, layout, self.observed, self.store, writer, self.ledger,
             on_drift=self._drifted, on_stale=self._stale, idle_timeout=max(60.0, cadence.reconcile_interval * 2),
+            supervisor=self._supervisor,
         )
         committer = Committer(
             planner=planner, observed=self.observed, store=self.store, writer=writer, mirror=self._mirror,
@@ -94,7 +100,7 @@ class Reconciler:
 
     async def start(self) -> None:
         """Start the write loop and the watches; returns at once (see `wait_synced`)."""
-        self._task = asyncio.create_task(self._loop.run(), name="reconcile-loop")
+        self._task = self._supervisor.spawn("reconcile-loop", self._loop.run)
         self._mirror.start_watches()
 
     async def wait_synced(self, timeout: float | None = None) -> None:

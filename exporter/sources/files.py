@@ -127,13 +127,17 @@ class IngressFiles:
             logger.info("{}: applied {} upserts, {} removes", path, len(upserts), len(removes))
 
     async def follow(self, stop: asyncio.Event, retry_interval: float = 1.0) -> None:
-        """Follow file changes and retry unwritten files until `stop` is set (after `sync_all`)."""
-        retry = asyncio.create_task(self._retry(stop, retry_interval))
-        try:
-            await self.watch(stop)
-            await stop.wait()
-        finally:
-            retry.cancel()
+        """Follow file changes and retry unwritten files until `stop` is set (after `sync_all`).
+
+        One task group: a crash of either part ends both and reaches the caller's supervisor.
+        """
+        async with asyncio.TaskGroup() as group:
+            group.create_task(self._retry(stop, retry_interval))
+            group.create_task(self._watch_until(stop))
+
+    async def _watch_until(self, stop: asyncio.Event) -> None:
+        await self.watch(stop)
+        await stop.wait()
 
     async def _retry(self, stop: asyncio.Event, interval: float) -> None:
         while not stop.is_set():

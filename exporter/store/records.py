@@ -1,8 +1,9 @@
 """Desired ingress records and their etcd representation.
 
-A record is stored at `<records_prefix>/<authority>/<id>` as JSON, in the same transaction
-as the keys it renders to, so a restart or a second replica rebuilds the full state from
-etcd. A removed ingress leaves a tombstone record (`removed`, with the removal's revision and
+A record is stored at `<records_prefix>/<authority>/<id>` as JSON, with (or, when the
+ingress is split over several transactions, before) the keys it renders to, as the commit
+ledger's rule says (write/ledger.py), so a restart or a second replica rebuilds the full
+state from etcd. A removed ingress leaves a tombstone record (`removed`, with the removal's revision and
 time): an upsert older than the removal is refused instead of resurrecting it, and a removal
 split over several transactions is finished after a restart, not undone. Tombstones are
 dropped after `writer.tombstone_ttl`.

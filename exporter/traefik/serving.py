@@ -7,20 +7,20 @@ from typing import Any
 
 from ..errors import TemplateError
 from ..keys import IngressRef, KeyLayout
-from ..plan.observed import Observed
 from ..store.records import Record
+from ..write.ledger import CommitLedger
 from .observer import TraefikObserver
 
 
 class Serving:
-    """Answers from the mirror (what is committed) and the observer (what Traefik serves; None: unknown)."""
+    """Answers from the commit ledger (what is committed) and the observer (what Traefik serves; None: unknown)."""
 
     def __init__(
-        self, layout: KeyLayout, observed: Observed, render_errors: Callable[[], Mapping[IngressRef, TemplateError]],
+        self, layout: KeyLayout, ledger: CommitLedger, render_errors: Callable[[], Mapping[IngressRef, TemplateError]],
         observer: TraefikObserver | None, timeout: float,
     ) -> None:
         self._layout = layout
-        self._observed = observed
+        self._ledger = ledger
         self._render_errors = render_errors
         self._observer = observer
         self._timeout = timeout
@@ -31,9 +31,8 @@ class Serving:
         return self._observer is not None
 
     def committed_revision(self, ref: IngressRef) -> int:
-        """The etcd revision of the ingress's record (its last commit), 0 when it has none."""
-        found = self._observed.record(self._layout.record_key(ref))
-        return found[1] if found else 0
+        """The etcd revision of the ingress's last commit (the last part of a split one), 0 when it has none."""
+        return self._ledger.revision_of(ref)
 
     def status(self, record: Record) -> dict[str, Any]:
         """`{"committed_revision", "served", "errors"}`; `served` is None without a Traefik to ask."""

@@ -3,9 +3,9 @@
 Units that fit are packed whole, several to a transaction, within `max_ops` operations,
 `max_ops` compares and `max_bytes`; a group of units (one push request) is kept in one
 transaction whenever it fits. A unit too large for one transaction is split into a
-sequence of chunks in its safe change order (see plan.order_changes): every prefix of that
-sequence leaves no router referencing a missing object, and the record (or tombstone) is
-written first. Every transaction also rewrites the beacon of each root it touches (one more
+sequence of chunks in its change order: every prefix of that sequence leaves no router
+referencing a missing object (plan.order_changes), and the first chunk carries the record
+(the commit ledger's rule, write/ledger.py). Every transaction also rewrites the beacon of each root it touches (one more
 operation per root, counted here).
 """
 
@@ -88,8 +88,6 @@ def _split(unit: UnitPlan, max_ops: int, max_bytes: int) -> list[Txn]:
     roots = _roots([unit])
     max_ops -= len(roots)
     current = Txn(units=[unit], roots=set(roots))
-    # The record change (a put, or a tombstone for a removal) comes first in the change order:
-    # after a crash between chunks, the record says what the ingress must become.
     for change in unit.changes:
         size = _size([change])
         if current.changes and (len(current.changes) >= max_ops or current.bytes + size > max_bytes):

@@ -2,8 +2,9 @@
 
 Whole-unit transactions are independent (no ingress references another's objects), so they
 may commit in any order. The chunks of an oversized unit commit strictly in order, each
-guarded by the revision the previous chunk produced. The observed mirror is updated from
-every committed transaction, so the next plan starts from what etcd now holds.
+guarded as the commit ledger says (its record as the first chunk left it, nothing under it
+changed since the previous chunk). The ledger is told of every committed transaction: it
+updates the observed mirror, so the next plan starts from what etcd now holds.
 """
 
 from __future__ import annotations
@@ -18,10 +19,10 @@ from loguru import logger
 from ..errors import EtcdError
 from ..etcd.store import EtcdStore
 from ..etcd.types import Compare, Op
-from ..plan.observed import Observed
 from ..plan.plan import Change, UnitPlan
 from ..render.root_keys import beacon_value
 from . import metrics
+from .ledger import CommitLedger
 from .packing import Txn, pack
 
 
@@ -45,17 +46,17 @@ class ApplyResult:
 class Writer:
     """Commits plans; `fence` compares (leadership) are added to every transaction.
 
-    It also answers what the watch needs to tell its own writes from anyone else's: whether a
-    revision is one of its commits, whether a value is being written right now, and when no
+    It also answers what the watch needs to tell its own writes from anyone else's, beside
+    the ledger's own revisions: whether a value is being written right now, and when no
     transaction is in flight.
     """
 
     def __init__(
-        self, etcd: EtcdStore, observed: Observed, *, max_ops: int = 128, max_bytes: int = 1_000_000, max_in_flight: int = 8
+        self, etcd: EtcdStore, ledger: CommitLedger, *, max_ops: int = 128, max_bytes: int = 1_000_000, max_in_flight: int = 8
     ) -> None:
         self._etcd = etcd
-        self._observed = observed
-        self._layout = observed.layout
+        self.ledger = ledger
+        self._layout = ledger.layout
         # Beacon tokens: unique per writer and transaction, so a value read back names one commit.
         self._token_prefix = uuid.uuid4().hex[:8]
         self._sequence = 0
@@ -64,25 +65,10 @@ class Writer:
         self._in_flight = asyncio.Semaphore(max_in_flight)
         # Values being written right now: the watch can report them before the txn reply arrives.
         self._writing: dict[str, str | None] = {}
-        # Revisions our own transactions created: their watch events need no decoding.
-        self._own_revisions: set[int] = set()
-        # The newest of them (what a paused watch must have caught up with, see the mirror).
-        self.newest_own = 0
         # Set while no transaction is in flight.
         self._idle = asyncio.Event()
         self._idle.set()
         self._sending = 0
-
-    def is_own(self, revision: int) -> bool:
-        """True when `revision` was created by one of this writer's transactions."""
-        return revision in self._own_revisions
-
-    def own_run(self, after: int) -> int:
-        """The newest revision `r` such that every revision in (`after`, `r`] is one of this writer's commits."""
-        revision = after
-        while revision + 1 in self._own_revisions:
-            revision += 1
-        return revision
 
     def is_writing(self, key: str, value: str | None) -> bool:
         """True when a transaction in flight writes `value` (None: a delete) at `key`."""
@@ -96,11 +82,6 @@ class Writer:
     async def wait_idle(self) -> None:
         """Return once no transaction is in flight."""
         await self._idle.wait()
-
-    def forget_until(self, revision: int) -> None:
-        """Forget own revisions up to `revision` (the watch has seen them all)."""
-        if len(self._own_revisions) > 10_000:
-            self._own_revisions = {r for r in self._own_revisions if r > revision}
 
     async def apply(self, groups: Sequence[Sequence[UnitPlan]], fence: Sequence[Compare] = ()) -> ApplyResult:
         """Commit every unit of `groups`; a group (one request) shares a transaction when it fits."""
@@ -144,11 +125,8 @@ class Writer:
     def _record(self, txn: Txn, changes: list[Change], succeeded: bool, revision: int) -> None:
         metrics.TXNS.labels("committed" if succeeded else "conflict").inc()
         if succeeded:
-            self._own_revisions.add(revision)
-            self.newest_own = max(self.newest_own, revision)
             metrics.KEYS_WRITTEN.inc(len(txn.changes))
-            for change in changes:
-                self._observed.set(change.key, change.new, revision)
+            self.ledger.committed(txn.units, changes, revision)
             names = sorted({u.name for u in txn.units})
             logger.bind(revision=revision, ingresses=names, ops=len(changes)).info(
                 "txn rev={} ops={} units={}", revision, len(changes), ",".join(names)
@@ -167,22 +145,23 @@ class Writer:
     async def _commit_chunks(self, chunks: list[Txn], fence: Sequence[Compare], result: ApplyResult) -> None:
         unit = chunks[0].units[0]
         compares = list(unit.compares)
-        record_key = compares[0].key if compares else None
-        record_rev = compares[0].mod_revision if compares else 0
-        for txn in chunks:
-            try:
-                ok, revision = await self._send(txn, [*compares, *fence])
-            except EtcdError as exc:
-                metrics.ETCD_ERRORS.inc()
-                result.error = exc
-                result.failed.append(unit)
-                return
-            if not ok:
-                result.conflicted.append(unit)
-                return
-            if any(c.key == record_key for c in txn.changes):
-                record_rev = revision
-            # Later chunks: nothing under the unit may have changed since our previous chunk.
-            compares = [Compare(record_key, "EQUAL", record_rev)] if record_key else []
-            compares += [Compare(c.key, "LESS", revision + 1, prefix=True) for c in unit.compares if c.prefix]
-        result.committed.append(unit)
+        record_rev = self.ledger.guarded_revision(unit)
+        self.ledger.started(unit, len(chunks))
+        try:
+            for txn in chunks:
+                try:
+                    ok, revision = await self._send(txn, [*compares, *fence])
+                except EtcdError as exc:
+                    metrics.ETCD_ERRORS.inc()
+                    result.error = exc
+                    result.failed.append(unit)
+                    return
+                if not ok:
+                    result.conflicted.append(unit)
+                    return
+                if self.ledger.record_changed(unit, txn.changes):
+                    record_rev = revision
+                compares = self.ledger.next_part_guards(unit, record_rev, revision)
+            result.committed.append(unit)
+        finally:
+            self.ledger.ended(unit)
