@@ -72,12 +72,12 @@ def cmd_diff(args: argparse.Namespace) -> int:
 
 def cmd_render(args: argparse.Namespace) -> int:
     """Print the KV the ingress files render to, without etcd."""
-    from .render.renderer import Renderer
+    from .daemon import renderer_for
     from .render.root_keys import load_certificate, root_keys
 
     settings = _settings(args)
     layout = settings.layout()
-    renderer = Renderer(layout, settings.default_entrypoints, settings.templates.dir)
+    renderer = renderer_for(settings, layout)
     certificate = load_certificate(settings.tls.cert_file, settings.tls.key_file)
     out: dict[str, str] = {}
     records = _file_records(settings, args.files)

@@ -14,6 +14,7 @@ from pydantic import (
     SecretStr,
     ValidationError,
     field_validator,
+    model_validator,
 )
 from pydantic_settings import (
     BaseSettings,
@@ -239,6 +240,40 @@ class HealthSettings(_Section):
         return value
 
 
+class TimeoutDefaults(_Section):
+    """Forwarding timeouts of every http ingress that sets none of its own (unset: Traefik's defaults, today's keys)."""
+
+    dial: float | None = Field(default=None, gt=0, le=86400, description="seconds to open a connection to a server")
+    response_header: float | None = Field(
+        default=None, gt=0, le=86400, description="seconds to wait for a server's response headers (504 after; streams flow on)"
+    )
+    idle: float | None = Field(default=None, gt=0, le=86400, description="seconds an idle kept-alive connection stays open")
+
+
+class TimeoutBounds(_Section):
+    """What an ingress's `timeouts` may ask for: a value outside is refused with 400."""
+
+    min: float = Field(default=0.1, gt=0, description="the shortest timeout, seconds")
+    max: float = Field(default=3600.0, gt=0, description="the longest timeout, seconds")
+
+    @model_validator(mode="after")
+    def _ordered(self) -> TimeoutBounds:
+        if self.min > self.max:
+            raise ValueError("min must not be greater than max")
+        return self
+
+
+class UpstreamSettings(_Section):
+    """How Traefik reaches the model servers: default timeouts, their bounds, where CA files may live."""
+
+    timeouts: TimeoutDefaults = Field(default_factory=TimeoutDefaults)
+    timeouts_bounds: TimeoutBounds = Field(default_factory=TimeoutBounds)
+    ca_file_dirs: list[Path] = Field(
+        default_factory=list, max_length=16,
+        description="directories an ingress's upstream_tls.ca_file may name a file in (empty: ca_file refused)",
+    )
+
+
 class LeaderSettings(_Section):
     """Leader election among the sidecars sharing a root."""
 
@@ -289,6 +324,7 @@ class Settings(BaseSettings):
     leader: LeaderSettings = Field(default_factory=LeaderSettings)
     tls: TlsSettings = Field(default_factory=TlsSettings)
     traefik: TraefikSettings = Field(default_factory=TraefikSettings)
+    upstream: UpstreamSettings = Field(default_factory=UpstreamSettings)
     discovery: DiscoverySettings = Field(default_factory=DiscoverySettings)
     log: LogSettings = Field(default_factory=LogSettings)
 

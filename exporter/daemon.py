@@ -37,9 +37,11 @@ from .keys import IngressRef, KeyLayout
 from .leader import Leadership
 from .plan.planner import Planner
 from .reconcile import Cadence, Inbox, Reconciler, TxnLimits
+from .render.ca_files import CaFiles
+from .render.edge import EdgePolicy, TimeoutDefaults
 from .render.renderer import Renderer
 from .render.root_keys import load_certificate
-from .roles import Admission, AlwaysLeader, Ejections, LeaderPolicy
+from .roles import Admission, AllOf, AlwaysLeader, Ejections, LeaderPolicy
 from .sources.api import is_loopback, push_api_app
 from .sources.files import IngressFiles
 from .store.records import RecordStore
@@ -71,6 +73,18 @@ def etcd_client(settings: Settings) -> EtcdClient:
     return EtcdClient(e.endpoints, e.timeout, e.page_size, security)
 
 
+def edge_policy(settings: Settings) -> EdgePolicy:
+    """What the edge fields of ingresses render and are checked with: default timeouts, their bounds, CA files."""
+    u = settings.upstream
+    defaults = TimeoutDefaults(u.timeouts.dial, u.timeouts.response_header, u.timeouts.idle)
+    return EdgePolicy(defaults, (u.timeouts_bounds.min, u.timeouts_bounds.max), CaFiles(u.ca_file_dirs))
+
+
+def renderer_for(settings: Settings, layout: KeyLayout, edge: EdgePolicy | None = None) -> Renderer:
+    """The renderer the settings describe (the daemon, `diff` and `render` render alike)."""
+    return Renderer(layout, settings.default_entrypoints, settings.templates.dir, edge or edge_policy(settings))
+
+
 def build_reconciler(
     settings: Settings,
     etcd: EtcdStore,
@@ -94,7 +108,7 @@ def build_reconciler(
     as ejections and admission.
     """
     layout = layout or settings.layout()
-    renderer = renderer or Renderer(layout, settings.default_entrypoints, settings.templates.dir)
+    renderer = renderer or renderer_for(settings, layout)
     planner = Planner(renderer, layout, load_certificate(settings.tls.cert_file, settings.tls.key_file))
     w = settings.writer
     return Reconciler(
@@ -182,6 +196,10 @@ def _discovery(settings: Settings) -> Discovery | None:
                      ttl=d.ttl, heartbeat=heartbeat)
 
 
+def _ca_file_of(ingress: Ingress) -> str | None:
+    return ingress.upstream_tls.ca_file if ingress.upstream_tls is not None else None
+
+
 class Daemon:
     """One exporter process: reconciler, health engine, leadership, sources, control server."""
 
@@ -205,11 +223,13 @@ class Daemon:
             load_kinds(BUILTIN), inbox, concurrency=settings.health.concurrency, shared=self.shared,
             rendered_urls=observed.server_urls, passive=passive, transitions=self.notifier, supervisor=self.supervisor,
         )
-        self.renderer = Renderer(layout, settings.default_entrypoints, settings.templates.dir)
+        self.edge = edge_policy(settings)
+        self.renderer = renderer_for(settings, layout, self.edge)
         self.reconciler = build_reconciler(
             settings, self.etcd, dry_run=dry_run, layout=layout, renderer=self.renderer,
             store=RecordStore(self.health.update), observed=observed, inbox=inbox,
-            leader=self.leadership or AlwaysLeader(), ejections=self.health, admission=self.health, supervisor=self.supervisor,
+            leader=self.leadership or AlwaysLeader(), ejections=self.health, admission=AllOf(self.health, self.edge),
+            supervisor=self.supervisor,
         )
         self.passive = _passive_monitor(settings, layout, passive, self.health, self._ingress, self.leadership)
         self.observer = _observer(settings, layout, observed, self.reconciler.store)
@@ -256,7 +276,7 @@ class Daemon:
             reasons += self.observer.readiness()
         if self.discovery is not None:
             reasons += self.discovery.readiness()
-        return reasons + self.supervisor.readiness()
+        return reasons + self.edge.ca_files.problems() + self.supervisor.readiness()
 
     def _accepting(self) -> bool:
         status = self.reconciler.status
@@ -310,6 +330,8 @@ class Daemon:
             self._spawn("passive-health", self.passive.run)
         if self.notifier is not None:
             self._spawn("health-notifier", self.notifier.run)
+        if self.settings.upstream.ca_file_dirs:
+            self._spawn("ca-files", lambda: self.edge.ca_files.watch(self._ca_files_in_use, self._ca_file_changed, self.stop_event))
         self._spawn("startup", self._after_sync)
 
     def _spawn(self, name: str, run: Callable[[], Awaitable[None]]) -> None:
@@ -322,6 +344,15 @@ class Daemon:
             if self.etcd.idle_for() >= _PROBE_EVERY:
                 with contextlib.suppress(EtcdError):
                     await self.etcd.revision()
+
+    def _ca_files_in_use(self) -> set[str]:
+        return {path for record in self.reconciler.store.records.values() if (path := _ca_file_of(record.ingress))}
+
+    def _ca_file_changed(self, path: str) -> None:
+        # A rotated CA: every transport that names the file is rewritten (through the guarded write path).
+        refs = [ref for ref, record in self.reconciler.store.records.items() if _ca_file_of(record.ingress) == path]
+        logger.info("upstream CA file {} changed: rewriting the transports of {} ingresses", path, len(refs))
+        self.reconciler.mark_dirty(refs, "ca-file")
 
     def _health_headers(self) -> dict[str, str]:
         # Which exporter's probes the answer reflects, and how old its newest document is.

@@ -71,3 +71,15 @@ class AdmitAll:
 
     def admit(self, ingress: Ingress) -> None:
         """Nothing to check."""
+
+
+class AllOf:
+    """Every check in turn (the health engine's, then the edge fields' bounds)."""
+
+    def __init__(self, *checks: Admission) -> None:
+        self._checks = checks
+
+    def admit(self, ingress: Ingress) -> None:
+        """Raise the first check's refusal."""
+        for check in self._checks:
+            check.admit(ingress)

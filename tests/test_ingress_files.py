@@ -94,7 +94,7 @@ async def test_a_changed_template_is_applied_to_every_ingress_and_a_broken_one_i
     templates = tmp_path / "templates"
     templates.mkdir()
     original = (BUILTIN_TEMPLATES / "http.json.j2").read_text()
-    priority = '"priority": {{ 100 + ingress.path_prefix | length }}'
+    priority = '"priority": {{ priority }}'
     (templates / "http.json.j2").write_text(original)
     iid = uid()
     (tmp_path / "routes.yaml").write_text(ingress_yaml(iid, 1, 8001))

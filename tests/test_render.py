@@ -168,7 +168,7 @@ def _override(tmp_path: Path, body_replace: tuple[str, str]) -> Renderer:
 
 
 def test_template_rendering_priority_abc_is_rejected_with_its_name(tmp_path: Path) -> None:
-    bad = _override(tmp_path, ('"priority": {{ 100 + ingress.path_prefix | length }}', '"priority": "abc"'))
+    bad = _override(tmp_path, ('"priority": {{ priority }}', '"priority": "abc"'))
     with pytest.raises(TemplateError) as info:
         bad.render(ingress("llama", upstream=UP))
     assert "http.json.j2" in info.value.title
@@ -201,7 +201,7 @@ def test_template_sandbox_blocks_python_internals(tmp_path: Path) -> None:
 
 
 def test_a_user_template_dir_overrides_only_the_files_it_has(tmp_path: Path) -> None:
-    custom = _override(tmp_path, ('"priority": {{ 100 + ingress.path_prefix | length }}', '"priority": 7'))
+    custom = _override(tmp_path, ('"priority": {{ priority }}', '"priority": 7'))
     assert custom.render(ingress("llama", upstream=UP)).kv["traefik/worker_test/http/routers/test_llama/priority"] == "7"
     tcp = custom.render(ingress("db", protocol="tcp", hosts=[], upstream={"servers": [{"url": "tcp://10.0.0.5:5432"}]}))
     assert "traefik/worker_test/tcp/routers/test_db/rule" in tcp.kv

@@ -13,15 +13,21 @@ from pydantic import Field, SerializerFunctionWrapHandler, StrictBool, field_val
 
 from ..keys import IngressRef
 from .bounds import MAX_ALLOWED_IPS, MAX_ENTRYPOINTS, MAX_HOSTS, MAX_MIDDLEWARES
+from .edge import MAX_BLOCKED_SEGMENTS, MAX_PATHS, Limits, PathRule, Profile, Retry, Segment, Timeouts
 from .health import HealthCheck
 from .routing import IpStrategy, MiddlewareRef
 from .tls import RouterTls, UpstreamTls
 from .upstreams import AiProxyMultiUpstream, Canary, PluginUpstream, ServersUpstream, Upstream, default_kind
-from .values import Authority, Cidr, DnsLabel, EntryPoint, HostName, Strict, UrlPath
+from .values import Authority, Cidr, DnsLabel, EntryPoint, HostName, Strict, UrlPath, drop_unset
 
 # Fields added after records were first stored: left out of the canonical JSON while unset, so a
 # stored record keeps its exact bytes (no rewrite on upgrade).
-_OPTIONAL_LATER = ("tls", "middlewares", "allowed_client_ips_strategy")
+_OPTIONAL_LATER = (
+    "tls", "middlewares", "allowed_client_ips_strategy",
+    "timeouts", "keepalive", "profile", "paths", "blocked_segments", "limits", "retry",
+)
+# The model-serving edge (edge.py): http only.
+_EDGE = ("timeouts", "keepalive", "profile", "paths", "blocked_segments", "limits", "retry")
 
 
 class Ingress(Strict):
@@ -44,14 +50,17 @@ class Ingress(Strict):
         default=None, min_length=1, max_length=MAX_MIDDLEWARES
     )
     allowed_client_ips_strategy: IpStrategy | None = None
+    timeouts: Timeouts | None = None
+    keepalive: StrictBool | None = None
+    profile: Profile | None = None
+    paths: list[PathRule] | None = Field(default=None, min_length=1, max_length=MAX_PATHS)
+    blocked_segments: list[Segment] | None = Field(default=None, min_length=1, max_length=MAX_BLOCKED_SEGMENTS)
+    limits: Limits | None = None
+    retry: Retry | None = None
 
     @model_serializer(mode="wrap")
     def _canonical(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        data: dict[str, Any] = handler(self)
-        for name in _OPTIONAL_LATER:
-            if data.get(name) is None:
-                data.pop(name, None)
-        return data
+        return drop_unset(handler(self), _OPTIONAL_LATER)
 
     @field_validator("upstream", mode="before")
     @classmethod
@@ -84,13 +93,15 @@ class Ingress(Strict):
             for upstream in (self.upstream, self.canary.upstream if self.canary else None):
                 if isinstance(upstream, ServersUpstream) and any(s.weight != 1 for s in upstream.servers):
                     raise ValueError("upstream: Traefik cannot weight tcp servers; use canary for a weighted split")
-            for name in ("upstream_tls", "tls", "middlewares"):
+            for name in ("upstream_tls", "tls", "middlewares", *_EDGE):
                 if getattr(self, name) is not None:
                     raise ValueError(f"{name}: not supported for tcp ingresses")
         if self.allowed_client_ips_strategy is not None and self.allowed_client_ips is None:
             raise ValueError("allowed_client_ips_strategy: needs allowed_client_ips")
         if len(set(self.hosts)) != len(self.hosts):
             raise ValueError("hosts: must be unique")
+        if (self.paths is not None or self.profile is not None) and self.path_prefix != "/":
+            raise ValueError("path_prefix: paths and profile replace path_prefix; leave it out")
         return self
 
     @property

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import re
-from typing import Annotated
+from typing import Annotated, Any
 
-from pydantic import AfterValidator, Field, StrictStr, field_validator
+from pydantic import AfterValidator, Field, SerializerFunctionWrapHandler, StrictStr, field_validator, model_serializer, model_validator
 
 from .bounds import MAX_CA_PEM_BYTES, MAX_HOSTS, MAX_TLS_DOMAINS
-from .values import HostName, Strict
+from .values import HostName, Strict, drop_unset
 
 _RESOLVER_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}\Z")
 _TLS_OPTIONS_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,127}(@[a-z0-9-]{1,63})?\Z")
@@ -41,12 +41,32 @@ class RouterTls(Strict):
     options: Annotated[StrictStr, AfterValidator(_tls_options)] | None = None
 
 
+def _ca_file(value: str) -> str:
+    if not value.startswith("/") or any(p in ("", ".", "..") for p in value[1:].split("/")):
+        raise ValueError("must be an absolute path without '.', '..' or empty segments")
+    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in value):
+        raise ValueError("must not contain control characters")
+    return value
+
+
 class UpstreamTls(Strict):
-    """TLS towards the upstream: the CA that signed it and the name to verify."""
+    """TLS towards the upstream: the CA that signed it (`ca_pem`, or `ca_file`, watched) and the name to verify."""
 
     ca_pem: str | None = Field(default=None, max_length=MAX_CA_PEM_BYTES)
     server_name: HostName | None = None
     insecure_skip_verify: bool = False
+    # A file on the sidecar (under `upstream.ca_file_dirs`): read, watched, rewritten when it rotates.
+    ca_file: Annotated[StrictStr, Field(max_length=1024), AfterValidator(_ca_file)] | None = None
+
+    @model_serializer(mode="wrap")
+    def _canonical(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        return drop_unset(handler(self), ("ca_file",))
+
+    @model_validator(mode="after")
+    def _one_ca(self) -> UpstreamTls:
+        if self.ca_pem is not None and self.ca_file is not None:
+            raise ValueError("ca_file: give ca_pem or ca_file, not both")
+        return self
 
     @field_validator("ca_pem")
     @classmethod

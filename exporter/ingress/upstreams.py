@@ -5,10 +5,21 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import Discriminator, Field, StrictBool, StrictFloat, StrictInt, StrictStr, Tag, field_validator
+from pydantic import (
+    Discriminator,
+    Field,
+    SerializerFunctionWrapHandler,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    StrictStr,
+    Tag,
+    field_validator,
+    model_serializer,
+)
 
 from .bounds import MAX_HEADERS, MAX_INSTANCES, MAX_SERVERS
-from .values import DnsLabel, Strict, UrlPath, Weight, parse_upstream_url
+from .values import DnsLabel, Strict, UrlPath, Weight, drop_unset, parse_upstream_url
 
 _HEADER_NAME_RE = re.compile(r"^[A-Za-z0-9!#$%&'*+.^_`|~-]{1,128}\Z")
 _HEADER_VALUE_RE = re.compile(r"^[\x20-\x7e\t]{0,4096}\Z")
@@ -145,10 +156,19 @@ def default_kind(value: Any) -> Any:
 
 
 class Canary(Strict):
-    """A weighted split: `weight` percent of traffic goes to the canary upstream."""
+    """A weighted split: `weight` percent of traffic goes to the canary upstream.
+
+    The canary gets its weight only while at least `min_ready` of its servers are routable
+    (`all`: every one; default: any one).
+    """
 
     weight: int = Field(ge=1, le=99)
     upstream: Upstream
+    min_ready: Annotated[StrictInt, Field(ge=1, le=MAX_SERVERS)] | Literal["all"] | None = None
+
+    @model_serializer(mode="wrap")
+    def _canonical(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        return drop_unset(handler(self), ("min_ready",))
 
     @field_validator("upstream", mode="before")
     @classmethod

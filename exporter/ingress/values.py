@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
-from typing import Annotated
+from typing import Annotated, Any
 from urllib.parse import urlsplit
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictFloat, StrictInt, StrictStr
@@ -94,6 +94,15 @@ class Strict(BaseModel):
     """The base of every ingress model: unknown fields rejected, values immutable, no type coercion."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+
+def drop_unset(data: dict[str, Any], names: tuple[str, ...]) -> dict[str, Any]:
+    """`data` without the fields of `names` that are None: fields added after records were first
+    stored stay out of the canonical JSON while unset, so a stored record keeps its exact bytes."""
+    for name in names:
+        if data.get(name) is None:
+            data.pop(name, None)
+    return data
 
 
 _SIMPLE_URL_RE = re.compile(

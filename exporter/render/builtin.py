@@ -33,7 +33,7 @@ def _http(context: dict[str, Any], ingress: dict[str, Any]) -> dict[str, Any]:
     name = context["name"]
     router: dict[str, Any] = {
         "rule": context["rule"], "service": name, "entryPoints": list(context["entrypoints"]),
-        "priority": 100 + len(ingress["path_prefix"]),
+        "priority": context["priority"],
     }
     if context["middlewares"]:
         router["middlewares"] = list(context["middlewares"])
@@ -42,17 +42,21 @@ def _http(context: dict[str, Any], ingress: dict[str, Any]) -> dict[str, Any]:
     services: dict[str, Any] = {}
     if context["canary"]:
         services[name] = _canary_split(context)
-    transport = f"{name}_tls" if ingress["upstream_tls"] else None
+    transport = context["transport_name"]
     for group in context["groups"]:
         services.update(_http_group(group, transport))
     http: dict[str, Any] = {"routers": {name: router}, "services": services}
+    middlewares: dict[str, Any] = {}
     if ingress["allowed_client_ips"]:
         allow: dict[str, Any] = {"sourceRange": list(ingress["allowed_client_ips"])}
         if context["ip_strategy"]:
             allow["ipStrategy"] = context["ip_strategy"]
-        http["middlewares"] = {f"{name}_allow": {"ipAllowList": allow}}
-    if ingress["upstream_tls"]:
-        http["serversTransports"] = {f"{name}_tls": _transport(ingress["upstream_tls"])}
+        middlewares[f"{name}_allow"] = {"ipAllowList": allow}
+    middlewares.update(context["edge_middlewares"])
+    if middlewares:
+        http["middlewares"] = middlewares
+    if transport:
+        http["serversTransports"] = {transport: context["transport"]}
     return http
 
 
@@ -74,16 +78,6 @@ def _http_group(group: dict[str, Any], transport: str | None) -> dict[str, Any]:
         if transport:
             lb["serversTransport"] = transport
         out[f"{service}_i_{i['name']}"] = {"loadBalancer": lb}
-    return out
-
-
-def _transport(tls: dict[str, Any]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    if tls["server_name"]:
-        out["serverName"] = tls["server_name"]
-    if tls["ca_pem"]:
-        out["rootCAs"] = [tls["ca_pem"]]
-    out["insecureSkipVerify"] = tls["insecure_skip_verify"]
     return out
 
 

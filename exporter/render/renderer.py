@@ -25,6 +25,7 @@ from pydantic import ValidationError
 from ..errors import TemplateError
 from ..ingress import (
     AiProxyMultiUpstream,
+    Canary,
     Ingress,
     PluginUpstream,
     RouterTls,
@@ -33,6 +34,7 @@ from ..ingress import (
 )
 from ..keys import IngressRef, KeyLayout
 from . import builtin
+from .edge import EdgePolicy
 from .flatten import flatten
 from .rules import http_rule, tcp_rule
 from .traefik_schema import Fragment
@@ -85,12 +87,7 @@ def _group(upstream: ServersUpstream | AiProxyMultiUpstream | PluginUpstream, ej
 
 def _fast_fields(ingress: Ingress) -> dict[str, Any]:
     """The fields of `ingress` the built-in fast path reads, as `model_dump(mode="json")` has them."""
-    tls = ingress.upstream_tls
-    return {
-        "protocol": ingress.protocol, "path_prefix": ingress.path_prefix, "hosts": ingress.hosts,
-        "allowed_client_ips": ingress.allowed_client_ips,
-        "upstream_tls": tls.model_dump(mode="json") if tls is not None else None,
-    }
+    return {"protocol": ingress.protocol, "hosts": ingress.hosts, "allowed_client_ips": ingress.allowed_client_ips}
 
 
 def _router_tls(tls: bool | RouterTls | None) -> bool | dict[str, Any] | None:
@@ -135,12 +132,23 @@ def _routable(group: dict[str, Any]) -> bool:
     return bool(group.get("servers") or group.get("instances"))
 
 
-def _split_weights(canary_weight: int, primary: dict[str, Any], canary: dict[str, Any]) -> tuple[int, int]:
-    """The primary's and canary's weights: a group with no routable server gets 0 while the other has one.
+def _ready(canary: Canary, group: dict[str, Any]) -> bool:
+    """True while enough of the canary's servers are routable for it to get its weight (`min_ready`)."""
+    routable = len(group.get("servers") or group.get("instances") or ())
+    upstream = canary.upstream
+    total = len(upstream.instances if isinstance(upstream, AiProxyMultiUpstream) else upstream.servers)
+    need = total if canary.min_ready == "all" else canary.min_ready or 1
+    return routable >= need
+
+
+def _split_weights(canary: Canary, primary: dict[str, Any], group: dict[str, Any]) -> tuple[int, int]:
+    """The primary's and canary's weights: a group with no routable server (a canary short of
+    `min_ready`) gets 0 while the other has one.
 
     When both are down the configured split stays, and the service answers 503 (never 404).
     """
-    primary_up, canary_up = _routable(primary), _routable(canary)
+    canary_weight = canary.weight
+    primary_up, canary_up = _routable(primary), _ready(canary, group)
     if primary_up and not canary_up:
         return 100 - canary_weight, 0
     if canary_up and not primary_up:
@@ -151,13 +159,16 @@ def _split_weights(canary_weight: int, primary: dict[str, Any], canary: dict[str
 class Renderer:
     """Turns ingresses into owned keys; one per process, shared by every caller."""
 
-    def __init__(self, layout: KeyLayout, default_entrypoints: list[str], template_dir: Path | None = None) -> None:
+    def __init__(
+        self, layout: KeyLayout, default_entrypoints: list[str], template_dir: Path | None = None, edge: EdgePolicy | None = None
+    ) -> None:
         self._layout = layout
+        self._edge = edge if edge is not None else EdgePolicy()
         self._template_dir = template_dir
         self._default_entrypoints = list(default_entrypoints)
         self._env = _environment(template_dir)
         self._templates: dict[str, Template] = {}
-        self._cache: OrderedDict[tuple[str, frozenset[str]], RenderedIngress] = OrderedDict()
+        self._cache: OrderedDict[tuple[str, frozenset[str], int], RenderedIngress] = OrderedDict()
         self._builtin = self._builtin_protocols()
 
     def _builtin_protocols(self) -> frozenset[str]:
@@ -176,9 +187,10 @@ class Renderer:
         """True when rendering `ingress` can fail: its protocol's template comes from templates.dir.
 
         The built-in path builds keys straight from the validated ingress and never fails (a
-        property test holds it to the built-in templates for every generated ingress).
+        property test holds it to the built-in templates for every generated ingress), unless
+        the ingress names a CA file that has no good content.
         """
-        return ingress.protocol not in self._builtin
+        return ingress.protocol not in self._builtin or _ca_file(ingress) is not None
 
     def render(self, ingress: Ingress, ejected: frozenset[str] = frozenset(), content: str | None = None) -> RenderedIngress:
         """Render `ingress` without the servers/instances whose URLs are in `ejected`.
@@ -186,7 +198,9 @@ class Renderer:
         `content` is the ingress's canonical JSON when the caller already has it (the cache key).
         Raises TemplateError (naming the template) when the output is not valid Traefik config.
         """
-        key = (content if content is not None else ingress.model_dump_json(), ejected)
+        ca_file = _ca_file(ingress)
+        ca_version = self._edge.ca_files.version(ca_file) if ca_file is not None else 0
+        key = (content if content is not None else ingress.model_dump_json(), ejected, ca_version)
         hit = self._cache.get(key)
         if hit is not None:
             self._cache.move_to_end(key)
@@ -207,17 +221,24 @@ class Renderer:
             groups = [primary]
         else:
             primary["service"], canary["service"] = f"{name}_primary", f"{name}_canary"
-            primary["weight"], canary["weight"] = _split_weights(ingress.canary.weight, primary, canary)
+            primary["weight"], canary["weight"] = _split_weights(ingress.canary, primary, canary)
             groups = [primary, canary]
         fast = ingress.protocol in self._builtin
+        http = ingress.protocol == "http"
+        edge_middlewares = self._edge.middlewares(ingress, name) if http else {}
+        transport_name, transport = self._edge.transport(ingress, name) if http else (None, None)
         context = {
-            # The fast path reads five fields; a whole JSON dump is for templates.
+            # The fast path reads three fields; a whole JSON dump is for templates.
             "ingress": _fast_fields(ingress) if fast else ingress.model_dump(mode="json"),
-            "middlewares": ([f"{name}_allow"] if ingress.allowed_client_ips else []) + (ingress.middlewares or []),
+            "middlewares": [*([f"{name}_allow"] if ingress.allowed_client_ips else []), *edge_middlewares, *(ingress.middlewares or [])],
+            "edge_middlewares": edge_middlewares,
+            "transport_name": transport_name,
+            "transport": transport,
+            "priority": self._edge.priority(ingress),
             "router_tls": _router_tls(ingress.tls),
             "ip_strategy": _ip_strategy(ingress),
             "name": name,
-            "rule": http_rule(ingress.hosts, ingress.path_prefix) if ingress.protocol == "http" else tcp_rule(ingress.hosts),
+            "rule": self._edge.rule(ingress) if http else tcp_rule(ingress.hosts),
             "entrypoints": ingress.entrypoints or self._default_entrypoints,
             "primary": primary,
             "canary": canary,
@@ -268,3 +289,7 @@ def _validated(text: str, template_name: str, name: str, ingress: Ingress) -> di
                         {"template": template_name},
                     )
     return data
+
+
+def _ca_file(ingress: Ingress) -> str | None:
+    return ingress.upstream_tls.ca_file if ingress.upstream_tls is not None else None

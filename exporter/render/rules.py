@@ -10,10 +10,15 @@ def _host_matcher(host: str) -> str:
     return f"Host(`{host}`)"
 
 
+def host_rule(hosts: list[str]) -> str:
+    """`Host(`a`)`, or `(Host(`a`) || Host(`b`))` for several hosts."""
+    matchers = [_host_matcher(h) for h in hosts]
+    return matchers[0] if len(matchers) == 1 else "(" + " || ".join(matchers) + ")"
+
+
 def http_rule(hosts: list[str], path_prefix: str) -> str:
     """`(Host(`a`) || Host(`b`)) && PathPrefix(`/p`)`; the path part is left out for `/`."""
-    matchers = [_host_matcher(h) for h in hosts]
-    rule = matchers[0] if len(matchers) == 1 else "(" + " || ".join(matchers) + ")"
+    rule = host_rule(hosts)
     if path_prefix != "/":
         rule += f" && PathPrefix(`{path_prefix}`)"
     return rule

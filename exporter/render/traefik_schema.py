@@ -171,6 +171,17 @@ class Retry(_T):
     initialInterval: Duration | None = None
 
 
+class Buffering(_T):
+    maxRequestBodyBytes: StrictInt | None = Field(default=None, ge=0)
+    memRequestBodyBytes: StrictInt | None = Field(default=None, ge=0)
+    maxResponseBodyBytes: StrictInt | None = Field(default=None, ge=0)
+    memResponseBodyBytes: StrictInt | None = Field(default=None, ge=0)
+
+
+class InFlightReq(_T):
+    amount: StrictInt = Field(ge=1)
+
+
 class Chain(_T):
     middlewares: list[Ref] = Field(min_length=1, max_length=32)
 
@@ -182,6 +193,8 @@ class Middleware(_T):
     rateLimit: RateLimit | None = None
     retry: Retry | None = None
     chain: Chain | None = None
+    buffering: Buffering | None = None
+    inFlightReq: InFlightReq | None = None
 
     @model_validator(mode="after")
     def _one(self) -> Middleware:
