@@ -4,6 +4,8 @@ predicates, the daemon launcher, and an etcd wrapper that runs a hook before a t
 from __future__ import annotations
 
 import asyncio
+import datetime
+import ipaddress
 import os
 import signal
 import ssl
@@ -19,6 +21,10 @@ from typing import IO, Any, TypeVar
 
 import aiohttp
 from aiohttp import web
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
 
 from exporter.embedded import free_port
 from exporter.etcd.store import EtcdStore
@@ -210,3 +216,32 @@ class HookedEtcd:
 
     async def lease_revoke(self, lease: int) -> None:
         await self.inner.lease_revoke(lease)
+
+
+def tls_backend_context(tmp_path: Path, server_name: str) -> tuple[str, ssl.SSLContext]:
+    """A test CA and a server certificate for `server_name` signed by it."""
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "exporter test CA")])
+    now = datetime.datetime.now(datetime.UTC)
+    ca = (
+        x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name).public_key(ca_key.public_key())
+        .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(days=1))
+        .not_valid_after(now + datetime.timedelta(days=2))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(ca_key, hashes.SHA256())
+    )
+    key = ec.generate_private_key(ec.SECP256R1())
+    cert = (
+        x509.CertificateBuilder().subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, server_name)]))
+        .issuer_name(ca_name).public_key(key.public_key()).serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(days=1)).not_valid_after(now + datetime.timedelta(days=2))
+        .add_extension(x509.SubjectAlternativeName([x509.DNSName(server_name), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+                       critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
+    cert_path, key_path = tmp_path / "server.pem", tmp_path / "server.key"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(cert_path, key_path)
+    return ca.public_bytes(serialization.Encoding.PEM).decode(), context

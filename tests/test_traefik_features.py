@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import ssl
 from collections import Counter
 from pathlib import Path
@@ -12,9 +11,6 @@ from typing import Any
 import aiohttp
 import pytest
 from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 
 from exporter.embedded import EmbeddedTraefik
 from exporter.etcd.client import EtcdClient
@@ -27,6 +23,7 @@ from tests.helpers import (
     record,
     router_enabled,
     serves,
+    tls_backend_context,
     traefik_object,
     uid,
 )
@@ -154,7 +151,7 @@ async def test_tcp_route(ingresses: Ingresses, traefik: EmbeddedTraefik, http: a
 async def test_upstream_tls_verified_with_the_test_ca(
     ingresses: Ingresses, backends: list[Backend], traefik: EmbeddedTraefik, http: aiohttp.ClientSession, tmp_path: Path
 ) -> None:
-    ca_pem, context = _tls_backend_context(tmp_path, "model.internal")
+    ca_pem, context = tls_backend_context(tmp_path, "model.internal")
     backend = await Backend("tls-backend", ssl_context=context).start()
     backends.append(backend)
     good, wrong_name = uid(), uid()
@@ -180,37 +177,6 @@ async def _echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> N
     writer.write(b"echo " + line)
     await writer.drain()
     writer.close()
-
-
-def _tls_backend_context(tmp_path: Path, server_name: str) -> tuple[str, ssl.SSLContext]:
-    """A test CA and a server certificate for `server_name` signed by it."""
-    ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "exporter test CA")])
-    import datetime
-
-    now = datetime.datetime.now(datetime.UTC)
-    ca = (
-        x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name).public_key(ca_key.public_key())
-        .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(days=1))
-        .not_valid_after(now + datetime.timedelta(days=2))
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .sign(ca_key, hashes.SHA256())
-    )
-    key = ec.generate_private_key(ec.SECP256R1())
-    cert = (
-        x509.CertificateBuilder().subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, server_name)]))
-        .issuer_name(ca_name).public_key(key.public_key()).serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(days=1)).not_valid_after(now + datetime.timedelta(days=2))
-        .add_extension(x509.SubjectAlternativeName([x509.DNSName(server_name), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
-                       critical=False)
-        .sign(ca_key, hashes.SHA256())
-    )
-    cert_path, key_path = tmp_path / "server.pem", tmp_path / "server.key"
-    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()))
-    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    context.load_cert_chain(cert_path, key_path)
-    return ca.public_bytes(serialization.Encoding.PEM).decode(), context
 
 
 async def test_router_tls_true_serves_https_with_the_default_certificate(

@@ -24,9 +24,12 @@ from ..ingress.edge import PathRule, profile_blocked, profile_paths
 from .ca_files import CaFiles
 from .rules import host_rule
 
-# Refused anywhere in the path of an allowlisted route: any percent sign (encoded slashes, dots,
-# NUL and every double encoding), `;` parameters, backslashes, empty segments and dot segments.
-_HOSTILE = r"%|;|\\|//|(^|/)\.\.?(/|$)"
+# Refused anywhere in the path of an allowlisted route. Traefik matches the path decoded and
+# cleaned (dot segments resolved, `//` collapsed, and that cleaned path is what it forwards), so
+# this catches what decoding reveals: a percent sign left after one decoding (double encoding),
+# `;` parameters, backslashes, control characters (an encoded NUL), and, in case a path reaches
+# the matcher uncleaned, empty and dot segments.
+_HOSTILE = r"%|;|\\|[\x00-\x1f\x7f]|//|(^|/)\.\.?(/|$)"
 _METHODS_HEAD = ("GET", "HEAD")
 
 
