@@ -41,5 +41,37 @@ def http_ingress(draw: Any, authority: str = "test") -> dict[str, Any]:
     return body
 
 
+seconds = st.one_of(st.integers(1, 600), st.floats(0.1, 600, allow_nan=False).map(lambda s: round(s, 3)))
+path_rule = st.one_of(
+    st.builds(lambda p, m: {"prefix": p, **({"methods": m} if m else {})}, path,
+              st.lists(st.sampled_from(["GET", "POST", "HEAD"]), unique=True)),
+    st.builds(lambda p: {"exact": p}, path),
+    st.sampled_from([{"regex": "^/v1/models(/[^/]+)?$"}, {"regex": "^/v2/[a-z]+/infer$", "methods": ["POST"]}]),
+)
+
+
+@st.composite
+def edge_fields(draw: Any) -> dict[str, Any]:
+    """Some of the model-serving edge fields of an http ingress (docs/ingress.md)."""
+    body: dict[str, Any] = {}
+    if draw(st.booleans()):
+        body["timeouts"] = draw(st.fixed_dictionaries({}, optional={"dial": seconds, "response_header": seconds, "idle": seconds}))
+    if draw(st.booleans()):
+        body["keepalive"] = draw(st.booleans())
+    if draw(st.booleans()):
+        body["profile"] = draw(st.sampled_from(["openai", "sglang", "kserve-v2"]))
+    if draw(st.booleans()):
+        body["paths"] = draw(st.lists(path_rule, min_size=1, max_size=3))
+    if draw(st.booleans()):
+        body["blocked_segments"] = draw(st.lists(st.sampled_from(["metrics", "Admin", "openapi.json", "x-y"]), min_size=1, max_size=3))
+    if draw(st.booleans()):
+        rate = st.fixed_dictionaries({"average": st.integers(1, 100)}, optional={"burst": st.integers(1, 100), "period": seconds})
+        body["limits"] = draw(st.fixed_dictionaries(
+            {}, optional={"max_body_bytes": st.integers(1, 2**30), "max_in_flight": st.integers(1, 100), "rate": rate}))
+    if draw(st.booleans()):
+        body["retry"] = draw(st.fixed_dictionaries({"attempts": st.integers(1, 5)}, optional={"initial_interval": st.sampled_from([0, 0.05, 1, 2.5])}))
+    return body
+
+
 # Characters that could break out of a rule, a key segment or a list element.
 dangerous = st.sampled_from(["`", '"', "'", "(", ")", "|", ",", "/", " ", "\n", "@", "\\", "{", "}"])

@@ -3,19 +3,24 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import os
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
 from aiohttp import web
 
-from exporter.embedded import EmbeddedTraefik, free_port
+from exporter.daemon import Daemon
+from exporter.embedded import EmbeddedEtcd, EmbeddedTraefik, free_port
 from exporter.errors import ValidationFailed
-from tests.conftest import Ingresses
-from tests.helpers import eventually, record, uid
+from exporter.etcd.client import EtcdClient
+from tests.conftest import API_TOKEN, Ingresses, settings_for
+from tests.helpers import AUTHORITY, Backend, eventually, record, serves, tls_backend_context, uid
 
 pytestmark = pytest.mark.integration
 
@@ -326,3 +331,127 @@ async def test_a_timeout_outside_the_configured_bounds_is_refused_and_nothing_wr
         EdgePolicy().admit(ingress)
     [error] = info.value.data["errors"]
     assert error["loc"].endswith(".timeouts.response_header") and error["msg"] == "7200 is outside upstream.timeouts_bounds [0.1, 3600.0]"
+
+
+# ----- a daemon of its own: CA files, bounds through the push API
+
+
+@dataclass
+class EdgeDaemon:
+    daemon: Daemon
+    ca_dir: Path
+
+    @property
+    def api(self) -> str:
+        return f"http://{self.daemon.settings.api.listen}"
+
+    @property
+    def control(self) -> str:
+        return f"http://{self.daemon.settings.control.listen}"
+
+
+@pytest.fixture(scope="module")
+async def edge_daemon(etcd: EmbeddedEtcd, traefik: EmbeddedTraefik, tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[EdgeDaemon]:
+    ca_dir = tmp_path_factory.mktemp("secrets")
+    settings = settings_for(
+        etcd.url, records_prefix=f"{uid('edge')}/records",
+        api={"listen": f"127.0.0.1:{free_port()}", "token": API_TOKEN}, control={"listen": f"127.0.0.1:{free_port()}"},
+        upstream={"ca_file_dirs": [str(ca_dir)]},
+    )
+    daemon = Daemon(settings)
+    await daemon.start()
+    await daemon.reconciler.wait_synced(30)
+    yield EdgeDaemon(daemon, ca_dir)
+    await daemon.stop()
+
+
+async def push(http: aiohttp.ClientSession, edge: EdgeDaemon, path: str, *ingresses: dict[str, Any]) -> tuple[int, Any]:
+    headers = {"Authorization": f"Bearer {API_TOKEN}"}
+    async with http.post(f"{edge.api}/v2/ingress/{path}", json={"ingresses": list(ingresses)}, headers=headers) as resp:
+        text = await resp.text()
+        return resp.status, json.loads(text) if text else None
+
+
+def _body(iid: str, **fields: Any) -> dict[str, Any]:
+    return {"authority": AUTHORITY, "id": iid, "revision": 1, "hosts": [f"{iid}.test"], **fields}
+
+
+def _replace(path: Path, text: str) -> None:
+    # How a projected secret changes: the new content appears at once, never half-written.
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+async def _reason(http: aiohttp.ClientSession, edge: EdgeDaemon, text: str | None) -> bool:
+    async with http.get(f"{edge.control}/readyz") as resp:
+        reasons: list[str] = (await resp.json())["reasons"]
+    return any(text in r for r in reasons) if text is not None else not any("CA file" in r for r in reasons)
+
+
+async def test_a_rotated_ca_file_is_trusted_within_2s_without_a_traefik_restart(
+    edge_daemon: EdgeDaemon, traefik: EmbeddedTraefik, http: aiohttp.ClientSession, etcd_client: EtcdClient, tmp_path: Path,
+    backends: list[Backend],
+) -> None:
+    ca_file = edge_daemon.ca_dir / "ca.crt"
+    for run in ("first", "second"):
+        (tmp_path / run).mkdir()
+    first_ca, first = tls_backend_context(tmp_path / "first", "model.internal")
+    ca_file.write_text(first_ca)
+    backend = await Backend("rotated", ssl_context=first).start()
+    backends.append(backend)
+    iid = uid()
+    tls = {"ca_file": str(ca_file), "server_name": "model.internal"}
+    assert (await push(http, edge_daemon, "upsert", _body(iid, upstream={"servers": [{"url": backend.url}]}, upstream_tls=tls)))[0] == 204
+    web_url = traefik.url("web")
+    await eventually(lambda: serves(http, web_url, f"{iid}.test", body="rotated"))
+    traefik_pid = traefik.proc.pid
+
+    # The backend is re-issued from a new CA: Traefik no longer trusts it, until the file rotates.
+    second_ca, second = tls_backend_context(tmp_path / "second", "model.internal")
+    await backend.stop()
+    backend.ssl_context = second
+    await backend.start()
+    assert await serves(http, web_url, f"{iid}.test", status=500)
+    rotated = time.monotonic()
+    _replace(ca_file, second_ca)
+    await eventually(lambda: serves(http, web_url, f"{iid}.test", body="rotated"), interval=0.02)
+    took = time.monotonic() - rotated
+    assert took <= 2.0 + 0.1 + 0.5, f"served over the new CA after {took:.2f}s"
+    assert [await serves(http, web_url, f"{iid}.test", body="rotated") for _ in range(20)] == [True] * 20
+    assert traefik.proc.pid == traefik_pid and traefik.proc.poll() is None
+
+    # An invalid file changes nothing in etcd: the last good CA stays, /readyz says why.
+    before = await etcd_client.revision()
+    _replace(ca_file, "not a certificate\n")
+    await eventually(lambda: _reason(http, edge_daemon, f"upstream CA file {ca_file} holds no valid PEM certificate"))
+    ca_file.unlink()
+    await eventually(lambda: _reason(http, edge_daemon, f"upstream CA file {ca_file} does not exist"))
+    assert await etcd_client.revision() == before
+    assert await serves(http, web_url, f"{iid}.test", body="rotated")
+    _replace(ca_file, second_ca)
+    await eventually(lambda: _reason(http, edge_daemon, None))
+    assert await etcd_client.revision() == before  # the same content: nothing to rewrite
+    assert (await push(http, edge_daemon, "remove", {"authority": AUTHORITY, "id": iid, "revision": 1}))[0] == 204
+
+
+async def test_bounds_and_ca_files_are_checked_before_anything_is_written(
+    edge_daemon: EdgeDaemon, http: aiohttp.ClientSession, etcd_client: EtcdClient
+) -> None:
+    up = {"servers": [{"url": "https://127.0.0.1:9"}]}
+    before = await etcd_client.revision()
+    cases = [
+        (_body(uid(), upstream=up, timeouts={"response_header": 7200}), ".timeouts.response_header",
+         "7200 is outside upstream.timeouts_bounds [0.1, 3600.0]"),
+        (_body(uid(), upstream=up, timeouts={"idle": 0.01}), ".timeouts.idle", "0.01 is outside upstream.timeouts_bounds [0.1, 3600.0]"),
+        (_body(uid(), upstream=up, upstream_tls={"ca_file": "/etc/ssl/private/x.pem"}), ".upstream_tls.ca_file",
+         f"is not in upstream.ca_file_dirs ({edge_daemon.ca_dir})"),
+        (_body(uid(), upstream=up, upstream_tls={"ca_file": str(edge_daemon.ca_dir / "missing.crt")}), ".upstream_tls.ca_file",
+         "does not exist"),
+    ]
+    for body, loc, msg in cases:
+        status, answer = await push(http, edge_daemon, "upsert", body)
+        assert status == 400 and answer["type"] == "ValidationFailed", answer
+        [error] = answer["data"]["errors"]
+        assert error["loc"].endswith(loc) and error["msg"] == msg, error
+    assert await etcd_client.revision() == before

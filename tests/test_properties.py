@@ -12,10 +12,12 @@ from pydantic import ValidationError
 
 from exporter.ingress import Ingress
 from exporter.keys import KeyLayout
+from exporter.render.edge import EdgePolicy, TimeoutDefaults
 from exporter.render.renderer import BUILTIN_TEMPLATES, Renderer
-from tests.strategies import cidr, dangerous, host, http_ingress, ipv4, label, port
+from tests.strategies import cidr, dangerous, edge_fields, host, http_ingress, ipv4, label, port
 
 RENDERER = Renderer(KeyLayout(), ["web"])
+FAST_WITH_DEFAULTS = Renderer(KeyLayout(), ["web"], edge=EdgePolicy(TimeoutDefaults(dial=5, response_header=90.5, idle=None)))
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -82,13 +84,17 @@ def test_ids_are_accepted_exactly_when_they_are_lowercase_dns_labels_not_all_dig
             Ingress.model_validate(body)
 
 
+# Configured default timeouts reach every http ingress's transport: both paths with them too.
+WITH_DEFAULTS = EdgePolicy(TimeoutDefaults(dial=5, response_header=90.5, idle=None))
+
+
 @pytest.fixture(scope="module")
-def jinja_renderer(tmp_path_factory: pytest.TempPathFactory) -> Renderer:
-    """The built-in templates taken through the Jinja2 path (an override that is a copy of them)."""
+def jinja_renderers(tmp_path_factory: pytest.TempPathFactory) -> dict[bool, Renderer]:
+    """The built-in templates taken through the Jinja2 path (an override that is a copy of them), without and with default timeouts."""
     copies = tmp_path_factory.mktemp("builtin-copies")
     for name in ("http.json.j2", "tcp.json.j2"):
         (copies / name).write_text((BUILTIN_TEMPLATES / name).read_text())
-    return Renderer(KeyLayout(), ["web"], copies)
+    return {False: Renderer(KeyLayout(), ["web"], copies), True: Renderer(KeyLayout(), ["web"], copies, WITH_DEFAULTS)}
 
 
 @st.composite
@@ -107,6 +113,11 @@ def any_ingress(draw: Any) -> dict[str, Any]:
         if draw(st.booleans()):
             for server in body["upstream"].get("servers", []):
                 server["weight"] = draw(st.floats(0, 10, allow_nan=False).map(lambda w: round(w, 3)))
+        body.update(draw(edge_fields()))
+        if "paths" in body or "profile" in body:
+            body["path_prefix"] = "/"
+        if body.get("canary") and draw(st.booleans()):
+            body["canary"]["min_ready"] = draw(st.one_of(st.just("all"), st.integers(1, 3)))
         return body
     servers = draw(st.lists(st.tuples(ipv4, port), min_size=1, max_size=4, unique=True))
     body = {"authority": "test", "id": draw(label.filter(lambda s: not s.isdigit())), "revision": 1, "protocol": "tcp",
@@ -120,11 +131,13 @@ def any_ingress(draw: Any) -> dict[str, Any]:
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(any_ingress(), st.data())
 def test_the_fast_path_writes_exactly_the_keys_of_the_builtin_templates(
-    jinja_renderer: Renderer, body: dict[str, Any], data: st.DataObject
+    jinja_renderers: dict[bool, Renderer], body: dict[str, Any], data: st.DataObject
 ) -> None:
     ingress = Ingress.model_validate(body)
     urls = sorted({s.url for g in (ingress.upstream, ingress.canary.upstream if ingress.canary else None) if g is not None
                    for s in getattr(g, "servers", [])} | {i.url for i in getattr(ingress.upstream, "instances", [])})
     ejected = frozenset(data.draw(st.lists(st.sampled_from(urls), unique=True))) if urls else frozenset()
-    fast, slow = RENDERER.render(ingress, ejected), jinja_renderer.render(ingress, ejected)
+    defaults = data.draw(st.booleans())
+    fast = (FAST_WITH_DEFAULTS if defaults else RENDERER).render(ingress, ejected)
+    slow = jinja_renderers[defaults].render(ingress, ejected)
     assert fast.kv == slow.kv and sorted(fast.objects) == sorted(slow.objects) and fast.root == slow.root

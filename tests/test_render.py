@@ -229,3 +229,61 @@ def test_a_group_with_no_routable_server_gets_weight_zero_while_the_other_has_on
     assert weights({c}) == ("90", "0")
     assert weights({p}) == ("0", "10")
     assert weights({p, c}) == ("90", "10")  # all down: the configured split, answering 503
+
+
+def test_canary_min_ready_holds_its_weight_until_enough_servers_are_routable(renderer: Renderer) -> None:
+    p, c1, c2 = "http://10.0.0.5:80", "http://10.0.0.6:80", "http://10.0.0.7:80"
+
+    def weights(min_ready: int | str | None, ejected: set[str]) -> tuple[str, str]:
+        canary: dict[str, object] = {"weight": 20, "upstream": {"servers": [{"url": c1}, {"url": c2}]}}
+        if min_ready is not None:
+            canary["min_ready"] = min_ready
+        kv = rel(renderer.render(ingress("llama", upstream={"servers": [{"url": p}]}, canary=canary), frozenset(ejected)).kv)
+        base = "http/services/test_llama/weighted/services"
+        return kv[f"{base}/00/weight"], kv[f"{base}/01/weight"]
+
+    assert weights(None, {c1}) == ("80", "20")  # any one routable canary server
+    assert weights("all", {c1}) == ("80", "0") and weights("all", set()) == ("80", "20")
+    assert weights(2, {c2}) == ("80", "0") and weights(1, {c2}) == ("80", "20")
+
+
+def test_edge_fields_write_a_transport_and_middlewares_before_the_users_own(renderer: Renderer) -> None:
+    kv = rel(keys(renderer, upstream=UP, timeouts={"dial": 5, "response_header": 0.25}, keepalive=False, middlewares=["cors@file"],
+                  limits={"max_body_bytes": 1024, "max_in_flight": 4, "rate": {"average": 10, "burst": 20, "period": 2}},
+                  retry={"attempts": 2, "initial_interval": 0.1}, allowed_client_ips=["10.0.0.0/8"]))
+    transport = "http/serversTransports/test_llama_transport"
+    assert kv[f"{transport}/forwardingTimeouts/dialTimeout"] == "5s"
+    assert kv[f"{transport}/forwardingTimeouts/responseHeaderTimeout"] == "250ms"
+    assert kv[f"{transport}/maxIdleConnsPerHost"] == "-1"
+    assert kv["http/services/test_llama/loadBalancer/serversTransport"] == "test_llama_transport"
+    chain = [kv[f"http/routers/test_llama/middlewares/{n:02d}"] for n in range(6)]
+    assert chain == ["test_llama_allow", "test_llama_rate", "test_llama_inflight", "test_llama_body", "test_llama_retry", "cors@file"]
+    assert kv["http/middlewares/test_llama_body/buffering/maxRequestBodyBytes"] == "1024"
+    assert kv["http/middlewares/test_llama_inflight/inFlightReq/amount"] == "4"
+    rate = "http/middlewares/test_llama_rate/rateLimit"
+    assert (kv[f"{rate}/average"], kv[f"{rate}/burst"], kv[f"{rate}/period"]) == ("10", "20", "2s")
+    assert kv["http/middlewares/test_llama_retry/retry/initialInterval"] == "100ms"
+
+
+def test_a_tls_ingress_keeps_its_transport_name_and_keys_when_timeouts_are_added(renderer: Renderer) -> None:
+    tls = {"server_name": "model.internal"}
+    before = rel(keys(renderer, upstream=UP, upstream_tls=tls))
+    after = rel(keys(renderer, upstream=UP, upstream_tls=tls, timeouts={"idle": 90}))
+    assert {k: v for k, v in after.items() if "forwardingTimeouts" not in k} == before
+    assert after["http/serversTransports/test_llama_tls/forwardingTimeouts/idleConnTimeout"] == "90s"
+
+
+def test_without_edge_fields_or_defaults_an_ingress_writes_no_transport_and_the_same_rule(renderer: Renderer) -> None:
+    kv = rel(keys(renderer, upstream=UP, path_prefix="/v1"))
+    assert not any("serversTransport" in k for k in kv)
+    assert kv["http/routers/test_llama/rule"] == "Host(`llama.test`) && PathPrefix(`/v1`)"
+    assert kv["http/routers/test_llama/priority"] == "103"
+
+
+def test_an_allowlist_sets_the_rule_and_the_priority_of_its_longest_path(renderer: Renderer) -> None:
+    kv = rel(keys(renderer, upstream=UP, paths=[{"prefix": "/v1/", "methods": ["GET", "POST"]}, {"exact": "/v1/chat/completions"}]))
+    rule = kv["http/routers/test_llama/rule"]
+    allowed = "(PathPrefix(`/v1/`) && (Method(`GET`) || Method(`POST`))) || Path(`/v1/chat/completions`)"
+    assert rule.startswith(f"Host(`llama.test`) && ((({allowed}) && !PathRegexp(`%|;|")
+    assert rule.endswith(" || (Path(`/health`) && (Method(`GET`) || Method(`HEAD`))))")
+    assert kv["http/routers/test_llama/priority"] == str(100 + len("/v1/chat/completions"))
