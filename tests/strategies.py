@@ -69,7 +69,8 @@ def edge_fields(draw: Any) -> dict[str, Any]:
         body["limits"] = draw(st.fixed_dictionaries(
             {}, optional={"max_body_bytes": st.integers(1, 2**30), "max_in_flight": st.integers(1, 100), "rate": rate}))
     if draw(st.booleans()):
-        body["retry"] = draw(st.fixed_dictionaries({"attempts": st.integers(1, 5)}, optional={"initial_interval": st.sampled_from([0, 0.05, 1, 2.5])}))
+        backoff = st.sampled_from([0, 0.05, 1, 2.5])
+        body["retry"] = draw(st.fixed_dictionaries({"attempts": st.integers(1, 5)}, optional={"initial_interval": backoff}))
     return body
 
 
