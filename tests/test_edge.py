@@ -27,7 +27,7 @@ pytestmark = pytest.mark.integration
 
 @dataclass
 class Model:
-    """A model server stand-in: records every request it receives (method, raw path, connection)."""
+    """A model server stand-in: records every request it receives (method, raw path, connection's client port)."""
 
     port: int = field(default_factory=free_port)
     seen: list[tuple[str, str, int]] = field(default_factory=list)
@@ -43,7 +43,9 @@ class Model:
 
     async def start(self) -> Model:
         async def handle(request: web.Request) -> web.StreamResponse:
-            self.seen.append((request.method, request.raw_path, id(request.transport)))
+            # The client port names the connection (an object id could be reused once a connection is gone).
+            peer = request.transport.get_extra_info("peername") if request.transport else None
+            self.seen.append((request.method, request.raw_path, peer[1] if peer else 0))
             if request.path == "/slow-headers":
                 await asyncio.sleep(5)
             if request.path == "/hold":
