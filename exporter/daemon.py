@@ -36,12 +36,12 @@ from .ingress import Ingress
 from .keys import IngressRef, KeyLayout
 from .leader import Leadership
 from .plan.planner import Planner
-from .reconcile import Cadence, Inbox, Reconciler, TxnLimits
+from .reconcile import Cadence, Collaborators, Inbox, Reconciler, TxnLimits
 from .render.ca_files import CaFiles
 from .render.edge import EdgePolicy, TimeoutDefaults
 from .render.renderer import Renderer
 from .render.root_keys import load_certificate
-from .roles import Admission, AllOf, AlwaysLeader, Ejections, LeaderPolicy
+from .roles import AllOf, AlwaysLeader, LeaderPolicy
 from .sources.api import is_loopback, push_api_app
 from .sources.files import IngressFiles
 from .store.records import RecordStore
@@ -92,20 +92,12 @@ def build_reconciler(
     dry_run: bool = False,
     layout: KeyLayout | None = None,
     renderer: Renderer | None = None,
-    store: RecordStore | None = None,
-    observed: Observed | None = None,
-    inbox: Inbox | None = None,
-    leader: LeaderPolicy | None = None,
-    ejections: Ejections | None = None,
-    admission: Admission | None = None,
-    supervisor: Supervisor | None = None,
+    shared: Collaborators = Collaborators(),
 ) -> Reconciler:
-    """The reconciler the settings describe, built with the given collaborators (each defaults to a lone daemon's).
+    """The reconciler the settings describe, built with the collaborators it shares (each defaults to a lone daemon's).
 
     Give the `layout` every other part uses: object labels of free-text authorities are
-    resolved through the one layout that met them. The daemon passes the record store the
-    health engine listens to, the inbox it marks dirty, its leadership and the health engine
-    as ejections and admission.
+    resolved through the one layout that met them.
     """
     layout = layout or settings.layout()
     renderer = renderer or renderer_for(settings, layout)
@@ -118,13 +110,7 @@ def build_reconciler(
         cadence=Cadence(w.coalesce_window, w.reconcile_interval, w.tombstone_ttl),
         limits=TxnLimits(settings.etcd.max_txn_ops, settings.etcd.max_request_bytes, w.max_in_flight),
         dry_run=dry_run,
-        store=store,
-        observed=observed,
-        inbox=inbox,
-        leader=leader,
-        ejections=ejections,
-        admission=admission,
-        supervisor=supervisor,
+        shared=shared,
     )
 
 
@@ -227,9 +213,10 @@ class Daemon:
         self.renderer = renderer_for(settings, layout, self.edge)
         self.reconciler = build_reconciler(
             settings, self.etcd, dry_run=dry_run, layout=layout, renderer=self.renderer,
-            store=RecordStore(self.health.update), observed=observed, inbox=inbox,
-            leader=self.leadership or AlwaysLeader(), ejections=self.health, admission=AllOf(self.health, self.edge),
-            supervisor=self.supervisor,
+            shared=Collaborators(
+                store=RecordStore(self.health.update), observed=observed, inbox=inbox, leader=self.leadership or AlwaysLeader(),
+                ejections=self.health, admission=AllOf(self.health, self.edge), supervisor=self.supervisor,
+            ),
         )
         self.passive = _passive_monitor(settings, layout, passive, self.health, self._ingress, self.leadership)
         self.observer = _observer(settings, layout, observed, self.reconciler.store)

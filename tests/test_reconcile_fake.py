@@ -17,7 +17,7 @@ from exporter.etcd.types import Compare, Op
 from exporter.ingress import Ingress
 from exporter.keys import IngressRef, KeyLayout
 from exporter.plan.planner import Planner
-from exporter.reconcile import Cadence, Reconciler, Removal
+from exporter.reconcile import Cadence, Collaborators, Reconciler, Removal
 from exporter.render.renderer import BUILTIN_TEMPLATES, Renderer
 from exporter.render.root_keys import DefaultCertificate
 from exporter.roles import Ejections
@@ -51,7 +51,7 @@ async def running(
 ) -> AsyncIterator[Reconciler]:
     planner = Planner(renderer or Renderer(LAYOUT, ["web"]), LAYOUT, CERT)
     rec = Reconciler(
-        etcd=etcd, layout=LAYOUT, planner=planner, leader=leader, ejections=ejections,
+        etcd=etcd, layout=LAYOUT, planner=planner, shared=Collaborators(leader=leader, ejections=ejections),
         cadence=Cadence(coalesce_window=0.0, reconcile_interval=3600),
     )
     await rec.start()

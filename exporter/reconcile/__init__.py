@@ -3,6 +3,6 @@ commit (plan and guarded writes), loop (scheduling), wired together by `Reconcil
 
 from .inbox import Inbox
 from .loop import Cadence, Status
-from .reconciler import Reconciler, Removal, TxnLimits
+from .reconciler import Collaborators, Reconciler, Removal, TxnLimits
 
-__all__ = ["Cadence", "Inbox", "Reconciler", "Removal", "Status", "TxnLimits"]
+__all__ = ["Cadence", "Collaborators", "Inbox", "Reconciler", "Removal", "Status", "TxnLimits"]

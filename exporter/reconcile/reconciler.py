@@ -42,6 +42,24 @@ class TxnLimits:
 
 
 @dataclass(frozen=True)
+class Collaborators:
+    """What a reconciler shares with the rest of a daemon; each one left unset is a lone reconciler's own.
+
+    The daemon passes the record store the health engine listens to, the observed mirror the
+    health engine reads, the inbox it marks dirty, its leadership, the health engine as
+    ejections, the admission checks, and the supervisor of its tasks.
+    """
+
+    store: RecordStore | None = None
+    observed: Observed | None = None
+    inbox: Inbox | None = None
+    leader: LeaderPolicy | None = None
+    ejections: Ejections | None = None
+    admission: Admission | None = None
+    supervisor: Supervisor | None = None
+
+
+@dataclass(frozen=True)
 class Removal:
     """A remove request for one ingress (without a revision: whatever is stored)."""
 
@@ -58,27 +76,21 @@ class Reconciler:
         etcd: EtcdStore,
         layout: KeyLayout,
         planner: Planner,
-        store: RecordStore | None = None,
-        observed: Observed | None = None,
-        inbox: Inbox | None = None,
-        leader: LeaderPolicy | None = None,
-        ejections: Ejections | None = None,
-        admission: Admission | None = None,
+        shared: Collaborators = Collaborators(),
         cadence: Cadence = Cadence(),
         limits: TxnLimits = TxnLimits(),
         dry_run: bool = False,
-        supervisor: Supervisor | None = None,
     ) -> None:
-        self.store = store if store is not None else RecordStore()
+        self.store = shared.store if shared.store is not None else RecordStore()
         self.status = Status()
-        self.observed = observed if observed is not None else Observed(layout)
+        self.observed = shared.observed if shared.observed is not None else Observed(layout)
         self._planner = planner
-        self._inbox = inbox if inbox is not None else Inbox()
-        self._ejections = ejections if ejections is not None else NoEjections()
-        self._admission = admission if admission is not None else AdmitAll()
+        self._inbox = shared.inbox if shared.inbox is not None else Inbox()
+        self._ejections = shared.ejections if shared.ejections is not None else NoEjections()
+        self._admission = shared.admission if shared.admission is not None else AdmitAll()
         self._intents = Intents(self.store)
-        self._supervisor = supervisor if supervisor is not None else Supervisor()
-        leader = leader if leader is not None else AlwaysLeader()
+        self._supervisor = shared.supervisor if shared.supervisor is not None else Supervisor()
+        leader = shared.leader if shared.leader is not None else AlwaysLeader()
         self.ledger = CommitLedger(self.observed)
         writer = Writer(etcd, self.ledger, max_ops=limits.max_ops, max_bytes=limits.max_bytes, max_in_flight=limits.max_in_flight)
         self._mirror = Mirror(
