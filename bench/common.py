@@ -70,6 +70,15 @@ def exporter_keys(records: list[Record]) -> list[tuple[str, str]]:
     return [(c.key, c.new or "") for c in plan.changes()]
 
 
+def ingress_keys(records: list[Record]) -> list[list[tuple[str, str]]]:
+    """Per record, the keys and values of that ingress alone (its objects and its record, no root keys)."""
+    layout = KeyLayout(ROOT_KEY, RECORDS)
+    planner = Planner(Renderer(layout, ["web"]), layout, generate_certificate())
+    plan = planner.plan({r.key: r for r in records}, Observed(layout), [r.key for r in records], include_roots=False)
+    by_owner = {u.owner: [(c.key, c.new or "") for c in u.changes] for u in plan.units}
+    return [by_owner[r.key] for r in records]
+
+
 def _b64(text: str) -> str:
     return base64.b64encode(text.encode()).decode()
 
