@@ -102,6 +102,7 @@ class HealthEngine:
     def update(self, owner: IngressRef, ingress: Ingress | None) -> None:
         """Follow a record change: keep states of nodes that stay, start new ones, drop the rest."""
         old = self._checked.pop(owner, {})
+        checked_before = bool(old)
         new: dict[str, report.Checked] = {}
         for target in self.targets_of(ingress) if ingress is not None else []:
             previous = old.pop(target.name, None)
@@ -121,7 +122,8 @@ class HealthEngine:
             self.passive.forget(owner)
         if new:
             self._checked[owner] = new
-        self.count_states()
+        if new or checked_before:  # the gauge walks every node: not for the many ingresses without checks
+            self.count_states()
         if self._running and self._shared is not None and (old or ingress is None):
             self._shared.publish([owner])
 
