@@ -26,6 +26,10 @@ _OPTIONAL_LATER = (
     "tls", "middlewares", "allowed_client_ips_strategy",
     "timeouts", "keepalive", "profile", "paths", "blocked_segments", "limits", "retry",
 )
+# Distinct health checks kept for sharing (a bound: the values come from pushes).
+_MAX_SHARED_CHECKS = 1024
+_CHECKS: dict[HealthCheck, HealthCheck] = {}
+_DEFAULT_CHECK = HealthCheck()
 # The model-serving edge (edge.py): http only.
 _EDGE = ("timeouts", "keepalive", "profile", "paths", "blocked_segments", "limits", "retry")
 
@@ -42,7 +46,7 @@ class Ingress(Strict):
     entrypoints: list[EntryPoint] | None = Field(default=None, min_length=1, max_length=MAX_ENTRYPOINTS)
     upstream: Upstream
     canary: Canary | None = None
-    health_check: HealthCheck = Field(default_factory=HealthCheck)
+    health_check: HealthCheck = Field(default_factory=lambda: _DEFAULT_CHECK)
     allowed_client_ips: list[Cidr] | None = Field(default=None, min_length=1, max_length=MAX_ALLOWED_IPS)
     upstream_tls: UpstreamTls | None = None
     tls: StrictBool | RouterTls | None = None
@@ -66,6 +70,12 @@ class Ingress(Strict):
     @classmethod
     def _kind(cls, value: Any) -> Any:
         return default_kind(value)
+
+    @field_validator("health_check")
+    @classmethod
+    def _shared_check(cls, value: HealthCheck) -> HealthCheck:
+        # Most ingresses carry one of a few health checks: one frozen instance each, not 10,000 copies.
+        return _CHECKS.setdefault(value, value) if len(_CHECKS) < _MAX_SHARED_CHECKS else value
 
     @field_validator("revision", mode="before")
     @classmethod

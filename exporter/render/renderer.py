@@ -48,6 +48,7 @@ def _builtin_templates() -> Path:
 
 
 BUILTIN_TEMPLATES = _builtin_templates()
+_NOTHING: frozenset[str] = frozenset()
 _CACHE_SIZE = 65536
 
 
@@ -200,7 +201,8 @@ class Renderer:
         """
         ca_file = _ca_file(ingress)
         ca_version = self._edge.ca_files.version(ca_file) if ca_file is not None else 0
-        key = (content if content is not None else ingress.model_dump_json(), ejected, ca_version)
+        # One shared empty set in the keys: each call's own would be kept by the cache, 10,000 of them.
+        key = (content if content is not None else ingress.model_dump_json(), ejected or _NOTHING, ca_version)
         hit = self._cache.get(key)
         if hit is not None:
             self._cache.move_to_end(key)
