@@ -265,3 +265,17 @@ def test_dotted_quads_are_accepted_exactly_when_ip_address_accepts_them(octets: 
     except ValueError:
         accepted = False
     assert accepted is valid, host
+
+
+def test_equal_sub_models_are_shared_and_each_record_keeps_its_own_bytes() -> None:
+    def one(iid: str, **fields: Any) -> Ingress:
+        return Ingress.model_validate({"authority": "a", "id": iid, "revision": 1, "hosts": ["a.test"],
+                                       "upstream": {"servers": [{"url": "http://10.0.0.1:80"}]}, **fields})
+
+    a, b = one("a", timeouts={"dial": 5}, health_check={"enable": True}), one("b", timeouts={"dial": 5}, health_check={"enable": True})
+    assert a.timeouts is b.timeouts and a.health_check is b.health_check
+    assert one("c").health_check is one("d").health_check
+    # 1 and 1.0 are equal values, but each record keeps the JSON it was given (no rewrite on restart).
+    whole, fraction = one("e", timeouts={"dial": 1}), one("f", timeouts={"dial": 1.0})
+    assert '"dial":1,' in whole.model_dump_json() and '"dial":1.0,' in fraction.model_dump_json()
+    assert Ingress.model_validate_json(fraction.model_dump_json()).model_dump_json() == fraction.model_dump_json()

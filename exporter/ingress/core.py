@@ -18,7 +18,7 @@ from .health import HealthCheck
 from .routing import IpStrategy, MiddlewareRef
 from .tls import RouterTls, UpstreamTls
 from .upstreams import AiProxyMultiUpstream, Canary, PluginUpstream, ServersUpstream, Upstream, default_kind
-from .values import Authority, Cidr, DnsLabel, EntryPoint, HostName, Strict, UrlPath, drop_unset
+from .values import Authority, Cidr, DnsLabel, EntryPoint, HostName, Strict, UrlPath, drop_unset, shared
 
 # Fields added after records were first stored: left out of the canonical JSON while unset, so a
 # stored record keeps its exact bytes (no rewrite on upgrade).
@@ -26,9 +26,6 @@ _OPTIONAL_LATER = (
     "tls", "middlewares", "allowed_client_ips_strategy",
     "timeouts", "keepalive", "profile", "paths", "blocked_segments", "limits", "retry",
 )
-# Distinct health checks kept for sharing (a bound: the values come from pushes).
-_MAX_SHARED_CHECKS = 1024
-_CHECKS: dict[HealthCheck, HealthCheck] = {}
 _DEFAULT_CHECK = HealthCheck()
 # The model-serving edge (edge.py): http only.
 _EDGE = ("timeouts", "keepalive", "profile", "paths", "blocked_segments", "limits", "retry")
@@ -71,11 +68,10 @@ class Ingress(Strict):
     def _kind(cls, value: Any) -> Any:
         return default_kind(value)
 
-    @field_validator("health_check")
+    @field_validator("health_check", "timeouts", "limits", "retry", "upstream_tls")
     @classmethod
-    def _shared_check(cls, value: HealthCheck) -> HealthCheck:
-        # Most ingresses carry one of a few health checks: one frozen instance each, not 10,000 copies.
-        return _CHECKS.setdefault(value, value) if len(_CHECKS) < _MAX_SHARED_CHECKS else value
+    def _shared(cls, value: Strict | None) -> Strict | None:
+        return shared(value) if value is not None else None
 
     @field_validator("revision", mode="before")
     @classmethod

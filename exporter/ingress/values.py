@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 from urllib.parse import urlsplit
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictFloat, StrictInt, StrictStr
@@ -94,6 +94,26 @@ class Strict(BaseModel):
     """The base of every ingress model: unknown fields rejected, values immutable, no type coercion."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+
+# Distinct values kept for sharing (a bound: the values come from pushes).
+_MAX_SHARED = 4096
+_SHARED: dict[tuple[type, str], Any] = {}
+
+S = TypeVar("S", bound=Strict)
+
+
+def shared(value: S) -> S:
+    """One instance per distinct value of a frozen model: most ingresses carry one of a few health
+    checks, timeouts, limits or TLS settings, and 10,000 copies of each are megabytes. Keyed by
+    the exact JSON (`1` and `1.0` compare equal, but a record must keep its own bytes)."""
+    key = (type(value), value.model_dump_json())
+    found: S | None = _SHARED.get(key)
+    if found is not None:
+        return found
+    if len(_SHARED) < _MAX_SHARED:
+        _SHARED[key] = value
+    return value
 
 
 def drop_unset(data: dict[str, Any], names: tuple[str, ...]) -> dict[str, Any]:
