@@ -42,9 +42,12 @@ class EtcdSettings(_Section):
         default=["http://127.0.0.1:2379"], min_length=1, description="etcd client URLs (v3 JSON gateway), tried in order"
     )
     timeout: float = Field(default=5.0, gt=0, description="seconds per etcd request")
-    max_txn_ops: int = Field(default=128, ge=8, description="etcd --max-txn-ops")
-    max_request_bytes: int = Field(
-        default=1_000_000, ge=16_384, description="bytes per txn, below etcd --max-request-bytes"
+    max_txn_ops: int | None = Field(
+        default=None, ge=8, description="operations per txn, at most etcd's --max-txn-ops (unset: detected from etcd at startup)"
+    )
+    max_request_bytes: int | None = Field(
+        default=None, ge=16_384,
+        description="bytes per txn, below etcd's --max-request-bytes (unset: 90% of what etcd accepts, detected at startup)",
     )
     page_size: int = Field(default=5000, ge=100, description="keys per paged range read")
     ca_file: Path | None = Field(default=None, description="CA bundle that signed etcd's server certificate (https endpoints)")

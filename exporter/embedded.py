@@ -101,6 +101,10 @@ class EmbeddedEtcd(Child):
         wait_http(self.url + "/health", time.monotonic() + timeout, self.proc, "etcd", self.log)
 
 
+# etcd's limits per transaction for large roots (docs/operations.md): one bulk, few revisions.
+RECOMMENDED_ETCD_FLAGS = ["--max-txn-ops", "100000", "--max-request-bytes", "67108864"]
+
+
 def start_etcd(workdir: Path, extra_args: list[str] | None = None, timeout: float = 30) -> EmbeddedEtcd:
     """Start etcd with data under `workdir` on free loopback ports; wait until it is healthy."""
     client, peer = free_port(), free_port()

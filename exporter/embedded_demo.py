@@ -18,7 +18,7 @@ from loguru import logger
 
 from .config import load_settings
 from .daemon import Daemon
-from .embedded import free_port, start_etcd, start_traefik
+from .embedded import RECOMMENDED_ETCD_FLAGS, free_port, start_etcd, start_traefik
 from .logs import setup_logging
 
 AUTHORITY = "demo"
@@ -65,7 +65,7 @@ async def _wait_routed(url: str, host: str, deadline: float) -> bool:
 async def run_embedded(config: Path | None) -> int:
     """Run the demo until Ctrl-C; returns the exit code."""
     workdir = Path(tempfile.mkdtemp(prefix="traefik-etcd-exporter-"))
-    etcd = start_etcd(workdir)
+    etcd = start_etcd(workdir, RECOMMENDED_ETCD_FLAGS)
     settings = load_settings(config)
     setup_logging(settings.log)
     root = settings.layout().root(AUTHORITY)

@@ -5,6 +5,8 @@ that writes, mod/create revisions, compares on single keys and on ranges (an emp
 compares as a key at revision 0), leases whose revocation deletes their keys, watches that
 replay history from a start revision, and compaction. `down` makes every call fail as an
 unreachable etcd; `before_txn` runs a hook (a peer's write) before a transaction is applied;
+`max_txn_ops` bounds operations and, separately, compares (400), and a request larger than the
+gRPC bound of etcd's default `--max-request-bytes` is refused as etcd's gateway does (429);
 `watches_flowing` cleared holds every watch stream back.
 """
 
@@ -29,7 +31,9 @@ class _Stored:
 class FakeEtcd:
     """One etcd member in memory."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_txn_ops: int = 128, max_request_bytes: int = 1536 * 1024) -> None:
+        self.max_txn_ops = max_txn_ops
+        self.grpc_max = max_request_bytes + 512 * 1024
         self.revision = 1
         self.compacted = 0
         self.down = False
@@ -63,6 +67,11 @@ class FakeEtcd:
 
     async def txn(self, compares: Sequence[Compare], ops: Sequence[Op]) -> TxnResult:
         self._check()
+        if len(compares) > self.max_txn_ops or len(ops) > self.max_txn_ops:
+            raise EtcdError("etcd answered HTTP 400: etcdserver: too many operations in txn request", status=400)
+        size = sum(len(c.key) + 16 for c in compares) + sum(len(o.key) + len(o.value or "") + 16 for o in ops)
+        if size > self.grpc_max:
+            raise EtcdError(f"etcd answered HTTP 429: grpc: received message larger than max ({size} vs. {self.grpc_max})", status=429)
         if self.before_txn is not None:
             hook, self.before_txn = self.before_txn, None
             await hook(compares, ops)

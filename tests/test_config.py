@@ -16,7 +16,7 @@ def test_defaults_match_the_design() -> None:
     assert s.records_prefix == "traefik-etcd-exporter/records"
     assert s.default_entrypoints == ["web"]
     assert s.api.listen == "127.0.0.1:8570" and s.control.listen == "127.0.0.1:8571"
-    assert s.etcd.max_txn_ops == 128
+    assert s.etcd.max_txn_ops is None and s.etcd.max_request_bytes is None  # detected from etcd
     assert s.layout().root("edge") == "traefik/worker_edge"
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from loguru import logger
@@ -54,8 +55,11 @@ class Loop:
 
     def __init__(
         self, *, inbox: Inbox, intents: Intents, mirror: Mirror, committer: Committer, leader: LeaderPolicy,
-        status: Status, cadence: Cadence,
+        status: Status, cadence: Cadence, prepare: Callable[[], Awaitable[None]] | None = None,
+        after_full_pass: Callable[[], None] | None = None,
     ) -> None:
+        self._prepare = prepare
+        self._after_full_pass = after_full_pass
         self._inbox = inbox
         self._intents = intents
         self._mirror = mirror
@@ -154,6 +158,8 @@ class Loop:
         self._inbox.relist_requested = True
 
     async def _relist(self) -> None:
+        if self._prepare is not None:
+            await self._prepare()  # what must be known of etcd before anything is written
         recovering = self._status.synced and not self._status.etcd_ok
         await self._mirror.relist()
         self._inbox.relist_requested = False
@@ -176,6 +182,8 @@ class Loop:
             self._status.foreign_keys = len(plan.foreign)
             metrics.RECONCILE_SECONDS.observe(time.monotonic() - started)
         self._status.full_passes += 1
+        if self._after_full_pass is not None:
+            self._after_full_pass()
         if not self._status.synced:
             self._status.synced = True
             self._synced.set()

@@ -10,10 +10,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from loguru import logger
+
 from ..errors import EtcdUnavailable, TemplateError
+from ..etcd.limits import EtcdLimits, detect_limits
 from ..etcd.store import EtcdStore
 from ..keys import IngressRef, KeyLayout
 from ..plan.plan import Plan
@@ -31,13 +35,17 @@ from .intents import Intents, answered
 from .loop import SHUTTING_DOWN, Cadence, Loop, Status
 from .mirror import Mirror
 
+# etcd's own --max-txn-ops, and the root size from which it costs Traefik (docs/operations.md).
+_DEFAULT_TXN_OPS = 128
+_LARGE_ROOT = 1000
+
 
 @dataclass(frozen=True)
 class TxnLimits:
-    """etcd's limits per transaction, and how many transactions may be in flight."""
+    """etcd's limits per transaction (None: detected from etcd before the first write), and how many may be in flight."""
 
-    max_ops: int = 128
-    max_bytes: int = 1_000_000
+    max_ops: int | None = None
+    max_bytes: int | None = None
     max_in_flight: int = 8
 
 
@@ -92,7 +100,10 @@ class Reconciler:
         self._supervisor = shared.supervisor if shared.supervisor is not None else Supervisor()
         leader = shared.leader if shared.leader is not None else AlwaysLeader()
         self.ledger = CommitLedger(self.observed)
-        writer = Writer(etcd, self.ledger, max_ops=limits.max_ops, max_bytes=limits.max_bytes, max_in_flight=limits.max_in_flight)
+        writer = Writer(etcd, self.ledger, max_ops=limits.max_ops or 128, max_bytes=limits.max_bytes or 1_000_000,
+                        max_in_flight=limits.max_in_flight)
+        self._etcd, self._writer, self._limits = etcd, writer, limits
+        self.detected: EtcdLimits | None = None
         self._mirror = Mirror(
             etcd, layout, self.observed, self.store, writer, self.ledger,
             on_drift=self._drifted, on_stale=self._stale, idle_timeout=max(60.0, cadence.reconcile_interval * 2),
@@ -104,8 +115,10 @@ class Reconciler:
         )
         self._loop = Loop(
             inbox=self._inbox, intents=self._intents, mirror=self._mirror, committer=committer, leader=leader,
-            status=self.status, cadence=cadence,
+            status=self.status, cadence=cadence, prepare=self._detect_limits, after_full_pass=self._advise_once,
         )
+        self._advised = False
+        self._layout = layout
         self._task: asyncio.Task[None] | None = None
 
     # ----- lifecycle
@@ -127,6 +140,42 @@ class Reconciler:
             with contextlib.suppress(asyncio.CancelledError, asyncio.TimeoutError):
                 await asyncio.wait_for(self._task, timeout=10)
         self._intents.fail_queue(EtcdUnavailable(SHUTTING_DOWN))
+
+    async def _detect_limits(self) -> None:
+        """Once, before the first write: the limits the settings leave unset, from etcd itself."""
+        if self.detected is not None or (self._limits.max_ops is not None and self._limits.max_bytes is not None):
+            return
+        self.detected = await detect_limits(self._etcd, self._layout.records_prefix + ".limits-probe")
+        ops = self._limits.max_ops or self.detected.max_txn_ops
+        # The writer's size of a transaction is an estimate: stay a tenth below etcd's bound.
+        size = self._limits.max_bytes or self.detected.max_request_bytes * 9 // 10
+        self._writer.set_limits(ops, size)
+        logger.info(
+            "etcd accepts {} operations and {} bytes per transaction (detected); writing up to {} operations, {} bytes",
+            self.detected.max_txn_ops, self.detected.max_request_bytes, ops, size,
+        )
+
+    def _advise_once(self) -> None:
+        if not self._advised and self.advise_limits() is not None:
+            self._advised = True
+
+    def advise_limits(self) -> str | None:
+        """Once synced: with etcd's default limits and a root of more than 1,000 ingresses, the flags that would help (logged)."""
+        if self.detected is None or self.detected.max_txn_ops > _DEFAULT_TXN_OPS:
+            return None
+        roots = Counter(self._layout.root(ref.authority) for ref in self.store.records)
+        if not roots or (largest := roots.most_common(1)[0])[1] <= _LARGE_ROOT:
+            return None
+        root, ingresses = largest
+        keys = len(self.observed.under_root(root)) + ingresses  # and their records
+        advice = (
+            f"root {root} holds {ingresses} ingresses: with etcd's --max-txn-ops {self.detected.max_txn_ops}, writing all of "
+            f"them takes {-(-keys // self.detected.max_txn_ops)} transactions and Traefik rebuilds the root once for each; etcd "
+            f"--max-txn-ops 100000 --max-request-bytes 67108864 make it {-(-keys // 99_999)} (the cost: raft entries and gRPC "
+            "messages of up to 64 MiB in etcd's memory; docs/operations.md)"
+        )
+        logger.warning("{}", advice)
+        return advice
 
     # ----- requests
 

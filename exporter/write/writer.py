@@ -70,6 +70,10 @@ class Writer:
         self._idle.set()
         self._sending = 0
 
+    def set_limits(self, max_ops: int, max_bytes: int) -> None:
+        """etcd's limits per transaction (detected once etcd answers)."""
+        self._max_ops, self._max_bytes = max_ops, max_bytes
+
     def is_writing(self, key: str, value: str | None) -> bool:
         """True when a transaction in flight writes `value` (None: a delete) at `key`."""
         return key in self._writing and self._writing[key] == value

@@ -1,0 +1,84 @@
+"""etcd's limits per transaction are detected, not assumed: probes write nothing, the writer packs to them."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from exporter.embedded import EmbeddedEtcd, start_etcd
+from exporter.etcd.client import EtcdClient
+from exporter.etcd.limits import MAX_OPS_PROBED, EtcdLimits, detect_limits
+from tests.conftest import settings_for
+from tests.fake_etcd import FakeEtcd
+from tests.helpers import record, uid
+
+KEY = "records.limits-probe"
+
+
+@pytest.mark.parametrize(("ops", "request_bytes"), [(128, 1536 * 1024), (1000, 8 * 1024 * 1024), (200_000, 1536 * 1024)])
+async def test_detected_on_the_fake_as_etcd_reports_them(ops: int, request_bytes: int) -> None:
+    etcd = FakeEtcd(max_txn_ops=ops, max_request_bytes=request_bytes)
+    assert await detect_limits(etcd, KEY) == EtcdLimits(min(ops, MAX_OPS_PROBED), request_bytes)
+    assert etcd.revision == 1 and not etcd.keys()  # compares only: nothing written, no revision
+
+
+@pytest.fixture(scope="module")
+async def roomy_etcd(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[EmbeddedEtcd]:
+    """An etcd started with the limits docs/operations.md recommends for large roots (smaller here)."""
+    etcd = start_etcd(Path(tmp_path_factory.mktemp("roomy")), ["--max-txn-ops", "1000", "--max-request-bytes", str(8 * 1024 * 1024)])
+    yield etcd
+    etcd.stop()
+
+
+@pytest.mark.integration
+async def test_detected_on_a_real_etcd_with_its_default_and_raised_limits(etcd: EmbeddedEtcd, roomy_etcd: EmbeddedEtcd) -> None:
+    for server, expected in ((etcd, EtcdLimits(128, 1536 * 1024)), (roomy_etcd, EtcdLimits(1000, 8 * 1024 * 1024))):
+        async with EtcdClient([server.url]) as client:
+            before = await client.revision()
+            assert await detect_limits(client, KEY) == expected
+            assert await client.revision() == before
+
+
+@pytest.mark.integration
+async def test_the_writer_packs_to_what_etcd_accepts(roomy_etcd: EmbeddedEtcd) -> None:
+    from exporter.daemon import build_reconciler
+
+    async with EtcdClient([roomy_etcd.url]) as client:
+        rec = build_reconciler(settings_for(roomy_etcd.url, records_prefix=f"{uid('lim')}/records"), client)
+        await rec.start()
+        try:
+            await rec.wait_synced(20)
+            assert rec.detected == EtcdLimits(1000, 8 * 1024 * 1024)
+            before = await client.revision()
+            # 90 ingresses, their keys and records and a beacon: one transaction of 991 operations (eight of 128).
+            await rec.submit([record(uid(), upstream={"servers": [{"url": "http://127.0.0.1:9"}]}) for _ in range(90)])
+            assert await client.revision() - before == 1
+        finally:
+            await rec.stop()
+
+
+async def test_a_large_root_with_etcds_default_limits_is_told_which_flags_help() -> None:
+    from exporter.keys import KeyLayout
+    from exporter.plan.planner import Planner
+    from exporter.reconcile import Cadence, Reconciler
+    from exporter.render.renderer import Renderer
+    from exporter.render.root_keys import generate_certificate
+
+    layout = KeyLayout("traefik/worker_{authority}", "records")
+    etcd = FakeEtcd()
+    rec = Reconciler(etcd=etcd, layout=layout, planner=Planner(Renderer(layout, ["web"]), layout, generate_certificate()),
+                     cadence=Cadence(coalesce_window=0.0, reconcile_interval=3600))
+    await rec.start()
+    try:
+        await rec.wait_synced(5)
+        up = {"servers": [{"url": "http://127.0.0.1:9"}]}
+        await rec.submit([record(f"i{n}", upstream=up) for n in range(1000)])
+        assert rec.advise_limits() is None  # 1,000: not yet
+        await rec.submit([record("i1000", upstream=up)])
+        advice = rec.advise_limits()
+        assert advice is not None and advice.startswith("root traefik/worker_test holds 1001 ingresses: with etcd's --max-txn-ops 128")
+        assert "--max-txn-ops 100000 --max-request-bytes 67108864" in advice
+    finally:
+        await rec.stop()
