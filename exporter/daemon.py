@@ -292,7 +292,7 @@ class Daemon:
         push_api = self._push_api()
         routes = healthcheck_routes(
             self.health, lambda owner: self.reconciler.store.get(owner) is not None, self._health_headers
-        ) + convergence_routes(self.observer)
+        ) + convergence_routes(self.observer, self.reconciler.overlapping_roots)
         control, api = self.settings.control, self.settings.api
         control_tls = _server_tls(control.tls_cert_file, control.tls_key_file, "control")
         self._runners.append(await _serve(control_app(self.readiness, routes), control.listen, control_tls))

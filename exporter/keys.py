@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -66,6 +67,22 @@ def _child(prefix: str, key: str) -> IngressRef | None:
     if not authority or not ingress_id or "/" in ingress_id:
         return None
     return IngressRef(authority, ingress_id)
+
+
+def overlapping_roots(roots: Iterable[str]) -> list[tuple[str, str]]:
+    """Every pair (a, b) of roots where a is a string prefix of b (`traefik/worker_1`, `traefik/worker_10`).
+
+    Traefik watches its rootKey as a plain string prefix: every write under b wakes a's Traefik
+    for a full rebuild (docs/operations.md, "Roots that are prefixes of each other").
+    """
+    pairs: list[tuple[str, str]] = []
+    enclosing: list[str] = []  # in sorted order, the roots that are prefixes of the current one
+    for root in sorted(set(roots)):
+        while enclosing and not root.startswith(enclosing[-1]):
+            enclosing.pop()
+        pairs.extend((outer, root) for outer in enclosing)
+        enclosing.append(root)
+    return pairs
 
 
 @dataclass(frozen=True)

@@ -127,6 +127,22 @@ async def test_converged_after_pushes_with_exact_revisions_status_and_metrics(
     assert await client.readyz() == (200, [])
 
 
+async def test_roots_that_are_string_prefixes_of_each_other_are_named(client: Client, http: aiohttp.ClientSession) -> None:
+    one, ten = uid("p"), uid("p")
+    up = {"servers": [{"url": "http://127.0.0.1:9"}]}
+    # Authorities `<x>` and `<x>0`: roots traefik/worker_<x> and traefik/worker_<x>0.
+    bodies = [{"authority": authority, "id": iid, "revision": 1, "hosts": [f"{iid}.test"], "upstream": up}
+              for authority, iid in ((one, one), (f"{one}0", ten))]
+    assert (await client.push("upsert", *bodies))[0] == 204
+    try:
+        overlaps = (await client.convergence())["overlapping_roots"]
+        assert {"root": f"traefik/worker_{one}", "prefix_of": f"traefik/worker_{one}0"} in overlaps
+    finally:
+        removals = [{"authority": b["authority"], "id": b["id"], "revision": 1} for b in bodies]
+        assert (await client.push("remove", *removals))[0] == 204
+    assert not any(o["root"] == f"traefik/worker_{one}" for o in (await client.convergence())["overlapping_roots"])
+
+
 async def test_wait_served_answers_once_traefik_serves_and_removal_once_it_no_longer_does(
     client: Client, traefik: EmbeddedTraefik, http: aiohttp.ClientSession, backends: list[Backend]
 ) -> None:

@@ -6,13 +6,19 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+from loguru import logger
 
 from exporter.embedded import EmbeddedEtcd, start_etcd
 from exporter.etcd.client import EtcdClient
 from exporter.etcd.limits import MAX_OPS_PROBED, EtcdLimits, detect_limits
+from exporter.keys import KeyLayout
+from exporter.plan.planner import Planner
+from exporter.reconcile import Cadence, Reconciler
+from exporter.render.renderer import Renderer
+from exporter.render.root_keys import generate_certificate
 from tests.conftest import settings_for
 from tests.fake_etcd import FakeEtcd
-from tests.helpers import record, uid
+from tests.helpers import eventually, record, uid
 
 KEY = "records.limits-probe"
 
@@ -60,12 +66,6 @@ async def test_the_writer_packs_to_what_etcd_accepts(roomy_etcd: EmbeddedEtcd) -
 
 
 async def test_a_large_root_with_etcds_default_limits_is_told_which_flags_help() -> None:
-    from exporter.keys import KeyLayout
-    from exporter.plan.planner import Planner
-    from exporter.reconcile import Cadence, Reconciler
-    from exporter.render.renderer import Renderer
-    from exporter.render.root_keys import generate_certificate
-
     layout = KeyLayout("traefik/worker_{authority}", "records")
     etcd = FakeEtcd()
     rec = Reconciler(etcd=etcd, layout=layout, planner=Planner(Renderer(layout, ["web"]), layout, generate_certificate()),
@@ -82,3 +82,29 @@ async def test_a_large_root_with_etcds_default_limits_is_told_which_flags_help()
         assert "--max-txn-ops 100000 --max-request-bytes 67108864" in advice
     finally:
         await rec.stop()
+
+
+async def test_roots_that_are_prefixes_of_each_other_are_warned_of_once() -> None:
+    lines: list[str] = []
+    sink = logger.add(lambda message: lines.append(str(message)), level="WARNING", format="{message}")
+    layout = KeyLayout("traefik/worker_{authority}", "records")
+    rec = Reconciler(etcd=FakeEtcd(), layout=layout, planner=Planner(Renderer(layout, ["web"]), layout, generate_certificate()),
+                     cadence=Cadence(coalesce_window=0.0, reconcile_interval=3600))
+    await rec.start()
+    try:
+        await rec.wait_synced(5)
+        up = {"servers": [{"url": "http://127.0.0.1:9"}]}
+        await rec.submit([record("a", authority="1", upstream=up), record("b", authority="10", upstream=up)])
+        for _ in range(2):
+            passes = rec.status.full_passes
+            rec.request_full()
+            await eventually(lambda: _passed(rec, passes))
+        told = [line for line in lines if "is a string prefix of root" in line]
+        assert len(told) == 1 and told[0].startswith("root traefik/worker_1 is a string prefix of root traefik/worker_10")
+    finally:
+        logger.remove(sink)
+        await rec.stop()
+
+
+async def _passed(rec: Reconciler, passes: int) -> bool:
+    return rec.status.full_passes > passes

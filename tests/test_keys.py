@@ -62,3 +62,16 @@ def test_free_text_authorities_get_distinct_safe_labels_and_dns_labels_stay_verb
                                                                                                   "c")) == f"{labels['worker_1']}_c"
     # A derived-looking label nobody registered names no ingress (left alone as foreign).
     assert KeyLayout().owner_of_object(f"r/http/routers/{labels['worker_1']}_svc") is None
+
+
+def test_roots_that_are_string_prefixes_of_others_are_found() -> None:
+    from exporter.keys import overlapping_roots
+
+    roots = ["traefik/worker_1", "traefik/worker_10", "traefik/worker_2", "traefik/worker_100", "traefik/worker_1x/kv"]
+    assert overlapping_roots(roots) == [
+        ("traefik/worker_1", "traefik/worker_10"), ("traefik/worker_1", "traefik/worker_100"),
+        ("traefik/worker_10", "traefik/worker_100"), ("traefik/worker_1", "traefik/worker_1x/kv"),
+    ]
+    # A segment after the authority ends the overlap (Traefik refuses a rootKey ending in '/').
+    layout = KeyLayout("traefik/worker_{authority}/kv")
+    assert overlapping_roots(layout.root(a) for a in ("1", "10", "100")) == []

@@ -2,17 +2,27 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from aiohttp import web
 
 from ..traefik.observer import TraefikObserver
 
 
-def convergence_routes(observer: TraefikObserver | None) -> list[web.RouteDef]:
-    """The route; without an observer (`traefik.api_url` unset) `traefik` is null and `roots` empty: unknown."""
+def convergence_routes(
+    observer: TraefikObserver | None, overlapping: Callable[[], list[tuple[str, str]]] = list
+) -> list[web.RouteDef]:
+    """The route; without an observer (`traefik.api_url` unset) `traefik` is null and `roots` empty: unknown.
+
+    `overlapping_roots` lists the roots written here that are string prefixes of others (each a
+    Traefik woken by the other's writes).
+    """
 
     async def convergence(_request: web.Request) -> web.Response:
+        overlaps = [{"root": outer, "prefix_of": inner} for outer, inner in overlapping()]
         if observer is None:
-            return web.json_response({"traefik": None, "roots": []})
-        return web.json_response({"traefik": observer.api.url, "roots": [v.to_json() for v in observer.roots()]})
+            return web.json_response({"traefik": None, "roots": [], "overlapping_roots": overlaps})
+        roots = [v.to_json() for v in observer.roots()]
+        return web.json_response({"traefik": observer.api.url, "roots": roots, "overlapping_roots": overlaps})
 
     return [web.get("/v1/convergence", convergence)]

@@ -19,7 +19,7 @@ from loguru import logger
 from ..errors import EtcdUnavailable, TemplateError
 from ..etcd.limits import EtcdLimits, detect_limits
 from ..etcd.store import EtcdStore
-from ..keys import IngressRef, KeyLayout
+from ..keys import IngressRef, KeyLayout, overlapping_roots
 from ..plan.plan import Plan
 from ..plan.planner import Planner
 from ..roles import Admission, AdmitAll, AlwaysLeader, Ejections, LeaderPolicy, NoEjections
@@ -115,9 +115,10 @@ class Reconciler:
         )
         self._loop = Loop(
             inbox=self._inbox, intents=self._intents, mirror=self._mirror, committer=committer, leader=leader,
-            status=self.status, cadence=cadence, prepare=self._detect_limits, after_full_pass=self._advise_once,
+            status=self.status, cadence=cadence, prepare=self._detect_limits, after_full_pass=self._after_full_pass,
         )
         self._advised = False
+        self._overlaps_told: set[tuple[str, str]] = set()
         self._layout = layout
         self._task: asyncio.Task[None] | None = None
 
@@ -155,9 +156,21 @@ class Reconciler:
             self.detected.max_txn_ops, self.detected.max_request_bytes, ops, size,
         )
 
-    def _advise_once(self) -> None:
+    def _after_full_pass(self) -> None:
         if not self._advised and self.advise_limits() is not None:
             self._advised = True
+        for outer, inner in self.overlapping_roots():
+            if (outer, inner) not in self._overlaps_told:
+                self._overlaps_told.add((outer, inner))
+                logger.warning(
+                    "root {} is a string prefix of root {}: Traefik watches its rootKey as a plain prefix, so every write "
+                    "under {} costs the Traefik of {} a full rebuild; add a segment after the authority in root_key "
+                    "(e.g. traefik/worker_{{authority}}/kv, docs/operations.md)", outer, inner, inner, outer,
+                )
+
+    def overlapping_roots(self) -> list[tuple[str, str]]:
+        """The pairs of roots this exporter writes where the first is a string prefix of the second."""
+        return overlapping_roots({self._layout.root(ref.authority) for ref in self.store.records})
 
     def advise_limits(self) -> str | None:
         """Once synced: with etcd's default limits and a root of more than 1,000 ingresses, the flags that would help (logged)."""
