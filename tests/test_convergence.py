@@ -155,6 +155,10 @@ async def test_wait_served_answers_once_traefik_serves_and_removal_once_it_no_lo
         assert await serves(http, traefik.url("web"), f"{iid}.test", body="waited")
         assert (await client.remove(iid, wait=True))[0] == 204
         assert await serves(http, traefik.url("web"), f"{iid}.test", status=404)
+    # How long Traefik took to apply each commit: measured from what the observer saw.
+    applies = (await client.root())["apply_seconds"]
+    assert applies is not None and 0 < applies["median"] < SERVED_TIMEOUT and 0 < applies["last"] < SERVED_TIMEOUT
+    assert (await client.metric("exporter_traefik_apply_seconds_count") or 0) >= 5
 
 
 async def test_wait_served_waits_for_the_last_part_of_a_split_ingress(

@@ -73,6 +73,7 @@ async def test_converged_when_traefik_shows_the_newest_beacon(world: World) -> N
     await eventually(lambda: world.state("converged"))
     [view] = world.observer.roots()
     assert (view.committed_revision, view.applied_revision, view.lag_seconds) == (10, 10, 0.0)
+    assert view.to_json()["apply_seconds"] is None  # what it applied before we looked is not timed
     assert world.observer.served(ROOT, 10) and not world.observer.served(ROOT, 11)
     assert world.observer.readiness() == []
 
@@ -164,3 +165,18 @@ async def test_the_api_client_uses_basic_auth_and_reads_the_beacon_case_insensit
         await good.close()
         await wrong.close()
         await runner.cleanup()
+
+
+async def test_the_time_traefik_takes_to_apply_each_commit_is_measured(world: World) -> None:
+    world.api.shown = world.commit("w.1", 10)
+    await eventually(lambda: world.state("converged"))
+    for n, hold in enumerate((0.2, 0.4, 0.0), start=2):
+        committed = world.commit(f"w.{n}", 10 + n)
+        await eventually(lambda: world.state("pending"), interval=0.01)
+        await asyncio.sleep(hold)  # Traefik taking its time: the behaviour measured, not a synchronisation
+        world.api.shown = committed
+        await eventually(lambda: world.state("converged"), interval=0.01)
+    [view] = world.observer.roots()
+    applies = list(view.applies)
+    assert len(applies) == 3 and applies[0] >= 0.2 and applies[1] >= 0.4 and applies[2] < 0.2, applies
+    assert view.to_json()["apply_seconds"] == {"last": round(applies[2], 3), "median": round(applies[0], 3)}
