@@ -348,3 +348,28 @@ async def test_an_unexpected_error_fails_the_queued_request_and_the_loop_carries
 
 async def _delivered(etcd: FakeEtcd, prefix: str, revision: int) -> bool:
     return etcd.delivered.get(prefix, 0) >= revision
+
+
+async def test_the_ledger_knows_the_parts_of_a_split_write_and_its_last_revision(etcd: FakeEtcd) -> None:
+    etcd.max_txn_ops = 16  # 40 servers: the ingress is written as several transactions, its record in the first
+    iid = uid()
+    ref = IngressRef(AUTHORITY, iid)
+    servers = {"servers": [{"url": f"http://10.0.0.5:{8000 + n}"} for n in range(40)]}
+    seen: list[tuple[int, int]] = []
+    async with running(etcd) as rec:
+
+        async def between_parts(_c: Sequence[Compare], ops: Sequence[Op]) -> None:
+            if any(f"_{iid}" in op.key for op in ops):
+                seen.append((rec.ledger.pending(ref), rec.ledger.record_revision(ref)))
+            etcd.before_txn = between_parts
+
+        etcd.before_txn = between_parts
+        await rec.submit([record(iid, upstream=servers)])
+        etcd.before_txn = None
+        parts = [ops for _c, ops, ok in etcd.txns if ok and any(f"_{iid}" in op.key for op in ops)]
+        assert len(seen) == len(parts) >= 3
+        # Before each part: the parts not committed yet; the record committed with the first.
+        assert [pending for pending, _ in seen] == list(range(len(seen), 0, -1))
+        assert seen[0][1] == 0 and all(record_rev > 0 for _, record_rev in seen[1:])
+        assert rec.ledger.pending(ref) == 0
+        assert rec.ledger.revision_of(ref) == etcd.revision > rec.ledger.record_revision(ref)
