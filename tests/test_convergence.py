@@ -259,7 +259,7 @@ async def test_wait_served_without_a_traefik_is_refused_before_anything_is_writt
         status, body = await c.upsert(uid(), "http://127.0.0.1:9", wait=True)
         assert status == 400 and "traefik.api_url" in body["title"]
         assert (await etcd_client.get(ROOT + "/_meta/owner")) == revision
-        assert await c.convergence() == {"traefik": None, "roots": []}
+        assert await c.convergence() == {"traefik": None, "roots": [], "overlapping_roots": []}
         c.pushed.clear()
     finally:
         await blind.stop()
