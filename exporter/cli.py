@@ -9,6 +9,7 @@ from pathlib import Path
 
 from loguru import logger
 
+from . import __version__
 from .config import Settings, load_settings
 from .errors import ExporterError, StaleRevisionError
 from .keys import IngressRef
@@ -124,9 +125,23 @@ def cmd_config_reference(_args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+_DESCRIPTION = """\
+Keeps Traefik's etcd configuration equal to the ingresses a coordinator pushes (or ingress
+files declare): minimal, atomic, compare-guarded etcd transactions, upstreams health-checked
+by the exporter itself, what Traefik serves confirmed through its API.
+
+Start with `run --embedded` (etcd, Traefik and example backends as children), read
+`diff` before trusting a configuration, `render` to see the keys of ingress files.
+Configuration: exporter.yaml or EXPORTER_<SECTION>__<FIELD> (`config-reference` lists them).
+"""
+
+
 def parser() -> argparse.ArgumentParser:
     """The argument parser."""
-    p = argparse.ArgumentParser(prog="traefik-etcd-exporter", description=__doc__)
+    p = argparse.ArgumentParser(
+        prog="traefik-etcd-exporter", description=_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     sub = p.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="run the daemon")
     run.add_argument("--config", "-c", help="exporter.yaml")

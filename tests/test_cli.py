@@ -152,3 +152,13 @@ def test_run_with_an_unreadable_token_file_names_the_field_and_exits_1(tmp_path:
     out = run_cli("run", "--config", str(cfg))
     assert out.returncode == 1
     assert "api.token_file: cannot read" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_version_and_a_help_that_describes_the_tool() -> None:
+    from exporter import __version__
+
+    version = run_cli("--version")
+    assert version.returncode == 0 and version.stdout.strip() == f"traefik-etcd-exporter {__version__}"
+    shown = run_cli("--help")
+    assert shown.returncode == 0 and "compare-guarded etcd transactions" in shown.stdout and "run --embedded" in shown.stdout
+    assert "Thin:" not in shown.stdout  # the module's docstring is for developers
