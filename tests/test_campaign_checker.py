@@ -1,0 +1,101 @@
+"""The campaign's checker on handmade histories: a clean one passes, and each planted defect is caught by its rule."""
+
+from __future__ import annotations
+
+import json
+
+from bench.campaign.checker import History, Request, Stored, check
+
+ROOT = "traefik/worker_c"
+RECORDS = "records"
+
+
+def upsert(revision: int, status: int = 204, at: float = 0.0, client: str = "a", ingress: str = "c/x") -> Request:
+    return Request(client, "upsert", ingress, revision, at, at + 0.01, status)
+
+
+def record(revision: int) -> str:
+    return json.dumps({"source": "api", "ingress": {"revision": revision}})
+
+
+def ingress_keys(name: str, revision: int) -> dict[str, str | None]:
+    return {
+        f"{ROOT}/http/services/{name}/loadBalancer/servers/0/url": "http://10.0.0.1:80",
+        f"{ROOT}/http/routers/{name}/rule": "Host(`x.test`)",
+        f"{ROOT}/http/routers/{name}/service": name,
+        f"{RECORDS}/c/x": record(revision),
+    }
+
+
+def clean() -> History:
+    return History(
+        requests=[upsert(1, at=0), upsert(2, at=1), upsert(1, status=409, at=2, client="b"), upsert(2, at=3, client="b")],
+        final={"c/x": Stored(2)},
+        etcd=[(2, ingress_keys("c_x", 1)), (3, {f"{RECORDS}/c/x": record(2)})],
+        root=ROOT, records_prefix=RECORDS,
+        diff_exit={ROOT: 0}, served={"traefik-a": {"x.test": 200}}, ready={"s1": 200, "s2": 200}, leading={"s1": True, "s2": False},
+        rss={"s1": [80, 95, 90]},
+    )
+
+
+def rules(history: History) -> list[int]:
+    return sorted({v.rule for v in check(history)})
+
+
+def test_a_clean_history_passes() -> None:
+    assert check(clean()) == []
+
+
+def test_a_build_that_answers_204_before_committing_breaks_rule_1() -> None:
+    history = clean()
+    history.requests.append(upsert(3, at=4))  # acknowledged, never written
+    assert rules(history) == [1]
+    assert "revision 3 acknowledged, stored 2" in str(check(history)[0])
+
+
+def test_a_build_that_skips_the_revision_compare_breaks_rule_1() -> None:
+    history = clean()
+    history.requests.append(upsert(3, at=4))
+    history.requests.append(upsert(2, at=5, client="stale"))  # older, acknowledged, and it won
+    history.final["c/x"] = Stored(2)
+    assert 1 in rules(history)
+
+
+def test_a_409_without_a_newer_request_breaks_rule_2() -> None:
+    history = clean()
+    history.requests.append(upsert(7, status=409, at=6))
+    assert rules(history) == [2]
+
+
+def test_a_build_that_deletes_a_service_before_its_router_breaks_rule_3() -> None:
+    history = clean()
+    service = f"{ROOT}/http/services/c_x/loadBalancer/servers/0/url"
+    history.etcd += [(4, {service: None}), (5, {f"{ROOT}/http/routers/c_x/rule": None, f"{ROOT}/http/routers/c_x/service": None})]
+    [violation] = check(history)
+    assert violation.rule == 3 and "at etcd revision 4" in violation.detail and "c_x" in violation.detail
+
+
+def test_a_record_revision_that_goes_back_breaks_rule_3() -> None:
+    history = clean()
+    history.etcd.append((4, {f"{RECORDS}/c/x": record(1)}))
+    assert rules(history) == [3]
+
+
+def test_the_end_state_rules_4_to_7() -> None:
+    history = clean()
+    history.diff_exit[ROOT] = 2
+    history.served["traefik-b"] = {"x.test": 404}
+    history.leading["s2"] = True
+    history.ready["s2"] = 503
+    history.rss["s2"] = [80, 400]
+    assert rules(history) == [4, 5, 6, 7]
+
+
+def test_a_removal_acknowledged_must_be_the_end_state() -> None:
+    history = clean()
+    history.requests.append(Request("a", "remove", "c/x", 3, 7, 7.01, 204))
+    history.final["c/x"] = Stored(3, removed=True)
+    history.served = {"traefik-a": {"x.test": 404}}
+    assert check(history) == []
+    history.final["c/x"] = Stored(3, removed=False)
+    assert rules(history) == [1, 5]
