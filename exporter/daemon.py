@@ -182,10 +182,6 @@ def _discovery(settings: Settings) -> Discovery | None:
                      ttl=d.ttl, heartbeat=heartbeat)
 
 
-def _ca_file_of(ingress: Ingress) -> str | None:
-    return ingress.upstream_tls.ca_file if ingress.upstream_tls is not None else None
-
-
 class Daemon:
     """One exporter process: reconciler, health engine, leadership, sources, control server."""
 
@@ -333,11 +329,11 @@ class Daemon:
                     await self.etcd.revision()
 
     def _ca_files_in_use(self) -> set[str]:
-        return {path for record in self.reconciler.store.records.values() if (path := _ca_file_of(record.ingress))}
+        return {path for record in self.reconciler.store.records.values() if (path := record.ingress.ca_file)}
 
     def _ca_file_changed(self, path: str) -> None:
         # A rotated CA: every transport that names the file is rewritten (through the guarded write path).
-        refs = [ref for ref, record in self.reconciler.store.records.items() if _ca_file_of(record.ingress) == path]
+        refs = [ref for ref, record in self.reconciler.store.records.items() if record.ingress.ca_file == path]
         logger.info("upstream CA file {} changed: rewriting the transports of {} ingresses", path, len(refs))
         self.reconciler.mark_dirty(refs, "ca-file")
 

@@ -118,6 +118,8 @@ class HealthEngine:
         for gone in old.values():
             if gone.task is not None:
                 gone.task.cancel()
+            if self._raising:
+                self._raising = {w for w in self._raising if not w.startswith(gone.target.name + " ")}
         if ingress is None and self.passive is not None:
             self.passive.forget(owner)
         if new:

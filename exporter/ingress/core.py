@@ -115,6 +115,11 @@ class Ingress(Strict):
         """(authority, id): the identity of the ingress."""
         return IngressRef(self.authority, self.id)
 
+    @property
+    def ca_file(self) -> str | None:
+        """The upstream CA file it names (`upstream_tls.ca_file`), if any."""
+        return self.upstream_tls.ca_file if self.upstream_tls is not None else None
+
 
 def _servers_of(ingress: Ingress) -> list[str]:
     urls: list[str] = []

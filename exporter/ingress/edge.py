@@ -6,6 +6,7 @@ docs/key-layout.md, what the allowlists stop (and what they do not) in docs/secu
 
 from __future__ import annotations
 
+import functools
 import re
 from typing import Annotated, Any, Literal
 
@@ -125,9 +126,10 @@ _PROFILES: dict[str, list[dict[str, Any]]] = {
 }
 
 
-def profile_paths(profile: str) -> list[PathRule]:
-    """The allowlist a named profile expands to (docs/ingress.md spells each out)."""
-    return [PathRule.model_validate(p) for p in _PROFILES[profile]]
+@functools.cache
+def profile_paths(profile: str) -> tuple[PathRule, ...]:
+    """The allowlist a named profile expands to (docs/ingress.md spells each out); built once per profile."""
+    return tuple(PathRule.model_validate(p) for p in _PROFILES[profile])
 
 
 def profile_blocked(profile: str | None) -> tuple[str, ...]:

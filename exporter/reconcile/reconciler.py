@@ -100,8 +100,7 @@ class Reconciler:
         self._supervisor = shared.supervisor if shared.supervisor is not None else Supervisor()
         leader = shared.leader if shared.leader is not None else AlwaysLeader()
         self.ledger = CommitLedger(self.observed)
-        writer = Writer(etcd, self.ledger, max_ops=limits.max_ops or 128, max_bytes=limits.max_bytes or 1_000_000,
-                        max_in_flight=limits.max_in_flight)
+        writer = Writer(etcd, self.ledger, max_ops=limits.max_ops, max_bytes=limits.max_bytes, max_in_flight=limits.max_in_flight)
         self._etcd, self._writer, self._limits = etcd, writer, limits
         self.detected: EtcdLimits | None = None
         self._mirror = Mirror(

@@ -108,7 +108,7 @@ class CaFiles:
             else:
                 async for _changes in awatch(*dirs, stop_event=stop, yield_on_timeout=True, rust_timeout=1000, debounce=50):
                     break
-            for path in sorted(in_use()):
+            for path in sorted(paths):
                 if self.refresh(path):
                     changed(path)
 

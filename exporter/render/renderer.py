@@ -191,7 +191,7 @@ class Renderer:
         property test holds it to the built-in templates for every generated ingress), unless
         the ingress names a CA file that has no good content.
         """
-        return ingress.protocol not in self._builtin or _ca_file(ingress) is not None
+        return ingress.protocol not in self._builtin or ingress.ca_file is not None
 
     def render(self, ingress: Ingress, ejected: frozenset[str] = frozenset(), content: str | None = None) -> RenderedIngress:
         """Render `ingress` without the servers/instances whose URLs are in `ejected`.
@@ -199,7 +199,7 @@ class Renderer:
         `content` is the ingress's canonical JSON when the caller already has it (the cache key).
         Raises TemplateError (naming the template) when the output is not valid Traefik config.
         """
-        ca_file = _ca_file(ingress)
+        ca_file = ingress.ca_file
         ca_version = self._edge.ca_files.version(ca_file) if ca_file is not None else 0
         # One shared empty set in the keys: each call's own would be kept by the cache, 10,000 of them.
         key = (content if content is not None else ingress.model_dump_json(), ejected or _NOTHING, ca_version)
@@ -292,6 +292,3 @@ def _validated(text: str, template_name: str, name: str, ingress: Ingress) -> di
                     )
     return data
 
-
-def _ca_file(ingress: Ingress) -> str | None:
-    return ingress.upstream_tls.ca_file if ingress.upstream_tls is not None else None

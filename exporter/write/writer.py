@@ -25,6 +25,10 @@ from . import metrics
 from .ledger import CommitLedger
 from .packing import Txn, pack
 
+# etcd's default limits (--max-txn-ops; below --max-request-bytes), until detected ones are set.
+_ETCD_TXN_OPS = 128
+_ETCD_REQUEST_BYTES = 1_000_000
+
 
 @dataclass(slots=True)
 class ApplyResult:
@@ -52,16 +56,18 @@ class Writer:
     """
 
     def __init__(
-        self, etcd: EtcdStore, ledger: CommitLedger, *, max_ops: int = 128, max_bytes: int = 1_000_000, max_in_flight: int = 8
+        self, etcd: EtcdStore, ledger: CommitLedger, *, max_ops: int | None = None, max_bytes: int | None = None,
+        max_in_flight: int = 8,
     ) -> None:
+        """`max_ops`, `max_bytes`: etcd's limits per transaction (unset: etcd's defaults until `set_limits`)."""
         self._etcd = etcd
         self.ledger = ledger
         self._layout = ledger.layout
         # Beacon tokens: unique per writer and transaction, so a value read back names one commit.
         self._token_prefix = uuid.uuid4().hex[:8]
         self._sequence = 0
-        self._max_ops = max_ops
-        self._max_bytes = max_bytes
+        self._max_ops = max_ops or _ETCD_TXN_OPS
+        self._max_bytes = max_bytes or _ETCD_REQUEST_BYTES
         self._in_flight = asyncio.Semaphore(max_in_flight)
         # Values being written right now: the watch can report them before the txn reply arrives.
         self._writing: dict[str, str | None] = {}
