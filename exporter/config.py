@@ -135,6 +135,10 @@ class WriterSettings(_Section):
     tombstone_ttl: float = Field(
         default=86400.0, ge=0, description="seconds a removed ingress's tombstone refuses older upserts"
     )
+    pace_hold_max: float = Field(
+        default=30.0, gt=0, le=3600,
+        description="seconds keys may be held while Traefik has not applied the previous commit (with traefik.api_url)",
+    )
 
 
 class TraefikSettings(_Section):

@@ -107,7 +107,7 @@ def build_reconciler(
         etcd=etcd,
         layout=layout,
         planner=planner,
-        cadence=Cadence(w.coalesce_window, w.reconcile_interval, w.tombstone_ttl),
+        cadence=Cadence(w.coalesce_window, w.reconcile_interval, w.tombstone_ttl, w.pace_hold_max),
         limits=TxnLimits(settings.etcd.max_txn_ops, settings.etcd.max_request_bytes, w.max_in_flight),
         dry_run=dry_run,
         shared=shared,
@@ -207,17 +207,22 @@ class Daemon:
         )
         self.edge = edge_policy(settings)
         self.renderer = renderer_for(settings, layout, self.edge)
+        store = RecordStore(self.health.update)
+        self.observer = _observer(settings, layout, observed, store)
         self.reconciler = build_reconciler(
             settings, self.etcd, dry_run=dry_run, layout=layout, renderer=self.renderer,
             shared=Collaborators(
-                store=RecordStore(self.health.update), observed=observed, inbox=inbox, leader=self.leadership or AlwaysLeader(),
+                store=store, observed=observed, inbox=inbox, leader=self.leadership or AlwaysLeader(),
                 ejections=self.health, admission=AllOf(self.health, self.edge), supervisor=self.supervisor,
+                behind=self.observer.behind if self.observer is not None else None,
             ),
         )
+        if self.observer is not None:
+            self.observer.add_listener(self.reconciler.traefik_checked)
         self.passive = _passive_monitor(settings, layout, passive, self.health, self._ingress, self.leadership)
-        self.observer = _observer(settings, layout, observed, self.reconciler.store)
         self.serving = Serving(
-            layout, self.reconciler.ledger, lambda: self.reconciler.render_errors, self.observer, settings.api.served_timeout
+            layout, self.reconciler.ledger, lambda: self.reconciler.render_errors, self.observer, settings.api.served_timeout,
+            pending=self.reconciler.keys_pending,
         )
         self.files = IngressFiles(settings.sources.files, self.reconciler, settings.sources.max_file_bytes)
         self.discovery = _discovery(settings)
@@ -288,7 +293,7 @@ class Daemon:
         push_api = self._push_api()
         routes = healthcheck_routes(
             self.health, lambda owner: self.reconciler.store.get(owner) is not None, self._health_headers
-        ) + convergence_routes(self.observer, self.reconciler.overlapping_roots)
+        ) + convergence_routes(self.observer, self.reconciler.overlapping_roots, self.reconciler.backlog)
         control, api = self.settings.control, self.settings.api
         control_tls = _server_tls(control.tls_cert_file, control.tls_key_file, "control")
         self._runners.append(await _serve(control_app(self.readiness, routes), control.listen, control_tls))

@@ -242,6 +242,67 @@ async def test_a_foreign_undecodable_key_freezes_traefik_is_named_and_clearing_i
     assert await client.readyz() == (200, [])
 
 
+async def test_pushes_while_traefik_is_behind_commit_records_at_once_and_their_keys_as_one_revision(
+    etcd: EmbeddedEtcd, etcd_client: EtcdClient, traefik: EmbeddedTraefik, http: aiohttp.ClientSession,
+    backends: list[Backend],
+) -> None:
+    backend = await Backend("paced").start()
+    backends.append(backend)
+    # Traefik takes seconds to recover from the freezing key below: room for the waited push.
+    api = {"listen": f"127.0.0.1:{free_port()}", "token": API_TOKEN, "served_timeout": 60}
+    daemon = Daemon(settings_for(etcd.url, **_settings(etcd.url, traefik.api, api=api)))
+    await daemon.start()
+    client = Client(daemon, http)
+    try:
+        await daemon.reconciler.wait_synced(30)
+        await _paced_pushes(client, daemon, etcd_client, traefik, http, backend)
+    finally:
+        for iid in list(client.pushed):
+            await client.remove(iid)
+        await daemon.stop()
+
+
+async def _paced_pushes(
+    client: Client, daemon: Daemon, etcd_client: EtcdClient, traefik: EmbeddedTraefik, http: aiohttp.ClientSession,
+    backend: Backend,
+) -> None:
+    assert (await client.upsert(uid(), backend.url, wait=True))[0] == 204
+    # A key Traefik cannot decode keeps it behind for as long as the test needs.
+    bad = f"{ROOT}/http/routers/foreign-{uid()}/priority"
+    await etcd_client.put(bad, "abc")
+    try:
+        behind = uid()
+        assert (await client.upsert(behind, backend.url))[0] == 204  # written: Traefik had applied everything
+        latest = daemon.reconciler.observed.latest_beacon(ROOT)
+        assert latest is not None
+        mark = latest.revision
+        paced = [uid() for _ in range(5)]
+        for iid in paced:
+            assert (await client.upsert(iid, backend.url))[0] == 204
+        waited = asyncio.create_task(client.upsert(uid(), backend.url, wait=True))
+        # Durable, not under the root: records in etcd, keys held, Traefik's root untouched.
+        async with http.get(f"{client.api}/v2/ingress?authority={AUTHORITY}", headers={"Authorization": f"Bearer {API_TOKEN}"}) as resp:
+            status = {i["id"]: i["status"] for i in (await resp.json())["ingresses"]}
+        assert all(status[i]["pending"] is True and status[i]["served"] is False for i in paced)
+        assert status[behind]["pending"] is False
+        assert _beacons_after(daemon, mark) == 0
+        root = await client.root()
+        assert root["paced"]["ingresses"] >= len(paced) and root["paced"]["oldest_seconds"] >= 0
+        assert (await client.metric("exporter_writer_paced_ingresses") or 0) >= len(paced)
+    finally:
+        await etcd_client.delete(bad)
+    assert (await waited)[0] == 204
+    for iid in [*paced, behind]:
+        assert await serves(http, traefik.url("web"), f"{iid}.test", body="paced")
+    # Everything held (the waited push too) went as one commit under the root.
+    assert _beacons_after(daemon, mark) == 1
+    assert (await client.root())["paced"] == {"ingresses": 0, "oldest_seconds": 0.0}
+
+
+def _beacons_after(daemon: Daemon, revision: int) -> int:
+    return sum(1 for w in daemon.reconciler.observed.beacon_history(ROOT) if w.revision > revision)
+
+
 async def _state_is(client: Client, state: str) -> dict[str, Any] | None:
     root = await client.root()
     return root if root["state"] == state else None

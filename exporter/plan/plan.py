@@ -45,8 +45,11 @@ class UnitPlan:
     owner: IngressRef | None = None
     record: Record | None = None
     removed: bool = False
-    # The root the unit's keys are under (its transactions rewrite that root's beacon).
+    # The root the unit's keys are under (its transactions rewrite that root's beacon); empty
+    # for a record committed alone (write/pacer.py), which writes nothing under the root.
     root: str = ""
+    # A record committed alone whose key changes were held back for later.
+    keys_held: bool = False
 
 
 @dataclass(slots=True)

@@ -4,6 +4,10 @@ A commit step returns an `Outcome` (which ingresses are done, which failed and w
 redo) and never answers a request itself. Requests are guarded by their record compares;
 everything the leader writes on its own (repair, reconcile, health) is fenced by the
 election key too, and a follower writes only what requests ask for.
+
+While a root's Traefik is behind (write/pacer.py) a request commits its records alone and
+the keys of every ingress on that root are held; the leader writes what is held once the
+root is due, all of it together.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from ..roles import Ejections, LeaderPolicy
 from ..store.records import Record, RecordStore
 from ..write import metrics
 from ..write.observed import Observed
+from ..write.pacer import Pacer
 from ..write.writer import ApplyResult, Writer
 from .intents import NOT_WRITTEN, Outcome, peer_verdict
 from .mirror import Mirror
@@ -59,9 +64,11 @@ class Committer:
         leader: LeaderPolicy,
         ejections: Ejections,
         desired: Callable[[IngressRef], Record | None],
+        pacer: Pacer,
         dry_run: bool = False,
     ) -> None:
         self._planner = planner
+        self._pacer = pacer
         self._observed = observed
         self._store = store
         self._writer = writer
@@ -164,7 +171,7 @@ class Committer:
         self, plan: Plan, groups: Mapping[IngressRef, int], reasons: Mapping[IngressRef, str], outcome: Outcome
     ) -> list[UnitPlan]:
         """Write `plan`, recording what committed in `outcome`; returns the units that lost a compare."""
-        plan.units = self._allowed(plan.units, groups)
+        plan.units = self._paced(self._allowed(plan.units, groups), groups)
         metrics.PLAN_CHANGES.observe(len(plan.changes()))
         planned = {u.owner for u in plan.units}
         # Requested ingresses that need no change are as desired already.
@@ -186,6 +193,29 @@ class Committer:
         # Followers, and a leader deposed between two conflict retries, write only what requests
         # ask for (never a leader-only change unfenced); the leader makes the rest.
         return [u for u in units if u.owner in groups or (u.owner is None and groups)]
+
+    def _paced(self, units: list[UnitPlan], groups: Mapping[IngressRef, int]) -> list[UnitPlan]:
+        """The units to write now: on a paced root, records alone (requests) and nothing of the keys (held)."""
+        if not self._pacer.enabled:
+            return units
+        out = []
+        for unit in units:
+            ref = unit.owner
+            if ref is None or not self._pacer.paced(unit.root):
+                out.append(unit)
+                continue
+            record_key = self._observed.layout.record_key(ref)
+            record = [c for c in unit.changes if c.key == record_key]
+            held = len(record) < len(unit.changes)
+            if held:
+                self._pacer.hold(ref, unit.root)
+            if record and (ref in groups or not held):
+                # The record alone, guarded by its own compare: nothing under the root changes.
+                out.append(UnitPlan(
+                    name=unit.name, changes=record, compares=[c for c in unit.compares if not c.prefix], owner=ref,
+                    record=unit.record, removed=unit.removed, keys_held=held,
+                ))
+        return out
 
     async def _write(self, units: list[UnitPlan], groups: Mapping[IngressRef, int]) -> ApplyResult:
         first = min(groups.values(), default=-1)
@@ -210,6 +240,7 @@ class Committer:
     def _record(
         self, result: ApplyResult, groups: Mapping[IngressRef, int], reasons: Mapping[IngressRef, str], outcome: Outcome
     ) -> None:
+        self._pacer.release(u.owner for u in result.committed if u.owner is not None and u.root)
         for unit in result.committed:
             if unit.owner is None:
                 continue

@@ -19,6 +19,7 @@ from loguru import logger
 from ..errors import EtcdError, EtcdUnavailable, ExporterError
 from ..roles import LeaderPolicy
 from ..write import metrics
+from ..write.pacer import Pacer
 from .commit import Batch, Committer
 from .inbox import Inbox
 from .intents import NOT_WRITTEN, Intents
@@ -48,6 +49,7 @@ class Cadence:
     coalesce_window: float = 0.02
     reconcile_interval: float = 30.0
     tombstone_ttl: float = 86400.0
+    pace_hold_max: float = 30.0
 
 
 class Loop:
@@ -55,9 +57,10 @@ class Loop:
 
     def __init__(
         self, *, inbox: Inbox, intents: Intents, mirror: Mirror, committer: Committer, leader: LeaderPolicy,
-        status: Status, cadence: Cadence, prepare: Callable[[], Awaitable[None]] | None = None,
+        status: Status, cadence: Cadence, pacer: Pacer, prepare: Callable[[], Awaitable[None]] | None = None,
         after_full_pass: Callable[[], None] | None = None,
     ) -> None:
+        self._pacer = pacer
         self._prepare = prepare
         self._after_full_pass = after_full_pass
         self._inbox = inbox
@@ -145,8 +148,13 @@ class Loop:
             self._inbox.full_requested = False
             next_full = time.monotonic() + self._cadence.reconcile_interval
             await self._full_pass()
-        if self._intents.queued_requests or self._inbox.dirty:
-            await self._batch()
+        if due := self._pacer.due():
+            self._inbox.mark_dirty(due, "paced")
+        try:
+            if self._intents.queued_requests or self._inbox.dirty:
+                await self._batch()
+        finally:
+            self._pacer.flushed()
         return next_full
 
     def _etcd_down(self, exc: EtcdError, backoff: float) -> None:

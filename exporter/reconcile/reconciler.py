@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import time
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from loguru import logger
@@ -28,6 +28,7 @@ from ..store.revisions import classify_remove, classify_upsert
 from ..supervisor import Supervisor
 from ..write.ledger import CommitLedger
 from ..write.observed import Observed
+from ..write.pacer import Backlog, Pacer
 from ..write.writer import Writer
 from .commit import Committer
 from .inbox import Inbox
@@ -65,6 +66,8 @@ class Collaborators:
     ejections: Ejections | None = None
     admission: Admission | None = None
     supervisor: Supervisor | None = None
+    # Whether a root's Traefik has not applied the newest commit on it (write/pacer.py); None: never paced.
+    behind: Callable[[str], bool] | None = None
 
 
 @dataclass(frozen=True)
@@ -100,6 +103,7 @@ class Reconciler:
         self._supervisor = shared.supervisor if shared.supervisor is not None else Supervisor()
         leader = shared.leader if shared.leader is not None else AlwaysLeader()
         self.ledger = CommitLedger(self.observed)
+        self.pacer = Pacer(shared.behind, cadence.pace_hold_max)
         writer = Writer(etcd, self.ledger, max_ops=limits.max_ops, max_bytes=limits.max_bytes, max_in_flight=limits.max_in_flight)
         self._etcd, self._writer, self._limits = etcd, writer, limits
         self.detected: EtcdLimits | None = None
@@ -110,11 +114,12 @@ class Reconciler:
         )
         committer = Committer(
             planner=planner, observed=self.observed, store=self.store, writer=writer, mirror=self._mirror,
-            leader=leader, ejections=self._ejections, desired=self._intents.desired, dry_run=dry_run,
+            leader=leader, ejections=self._ejections, desired=self._intents.desired, pacer=self.pacer, dry_run=dry_run,
         )
         self._loop = Loop(
             inbox=self._inbox, intents=self._intents, mirror=self._mirror, committer=committer, leader=leader,
-            status=self.status, cadence=cadence, prepare=self._detect_limits, after_full_pass=self._after_full_pass,
+            status=self.status, cadence=cadence, pacer=self.pacer, prepare=self._detect_limits,
+            after_full_pass=self._after_full_pass,
         )
         self._advised = False
         self._overlaps_told: set[tuple[str, str]] = set()
@@ -215,6 +220,31 @@ class Reconciler:
                 revision = removal.revision if removal.revision is not None else stored.revision
                 changes.append((removal.ref, stored.removal(revision, time.time())))
         return changes
+
+    def traefik_checked(self) -> None:
+        """Traefik was just checked: wake the loop when keys held for it may be written now."""
+        if self.pacer.ready():
+            self._inbox.poke()
+
+    def keys_pending(self, ref: IngressRef) -> bool:
+        """True when the ingress's record is committed and its keys are not written yet (held for Traefik's pace)."""
+        if self.pacer.holds(ref):
+            return True
+        if not self.ledger.awaits_keys(ref):
+            return False
+        # Held by this sidecar once, due since: written by whoever leads, or found already right.
+        record = self.store.latest(ref)
+        if record is not None:
+            plan = self._planner.plan({ref: record}, self.observed, [ref], self._ejections, include_roots=False)
+            record_key = self._layout.record_key(ref)
+            if any(c.key != record_key for u in plan.units for c in u.changes):
+                return True
+        self.ledger.keys_written(ref)
+        return False
+
+    def backlog(self, root: str) -> Backlog:
+        """The keys held on `root` for its Traefik."""
+        return self.pacer.backlog(root)
 
     def mark_dirty(self, refs: Sequence[IngressRef], reason: str) -> None:
         """Re-plan these ingresses soon; `reason` (health, drift, ...) is logged with each change."""

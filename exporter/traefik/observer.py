@@ -107,6 +107,7 @@ class TraefikObserver:
         self._last_poll = self._last_routers = self._last_scan = 0.0
         self._checked = asyncio.Condition()
         self._waiters = 0
+        self._listeners: list[Callable[[], None]] = []
 
     # ----- the loop
 
@@ -147,8 +148,14 @@ class TraefikObserver:
         if self._shown is not None:
             self._served_root = self._shown.partition(" ")[0]
         self._update(now)
+        for listener in self._listeners:
+            listener()
         async with self._checked:
             self._checked.notify_all()
+
+    def add_listener(self, listener: Callable[[], None]) -> None:
+        """Call `listener` after every check of Traefik (the pacer flushes what Traefik has room for)."""
+        self._listeners.append(listener)
 
     # ----- states
 
@@ -247,6 +254,14 @@ class TraefikObserver:
         """Every observed root, by name."""
         return [self._views[r] for r in sorted(self._views)]
 
+    def behind(self, root: str) -> bool:
+        """True when this Traefik reads `root` and has not applied the newest commit on it (unreachable: unknown, False)."""
+        view = self._views.get(root)
+        if view is None or self._unreachable_since is not None:
+            return False
+        latest = self._observed.latest_beacon(root)
+        return latest is not None and latest.revision > view.applied_revision
+
     def served(self, root: str, revision: int) -> bool:
         """True when Traefik has applied `root` at `revision` or later."""
         view = self._views.get(root)
@@ -258,25 +273,33 @@ class TraefikObserver:
         name = self._layout.object_name(ref)
         return [e for e in view.router_errors if e["router"] == name or e["router"].startswith(name + "_")] if view else []
 
-    async def wait_served(self, targets: Mapping[str, int], timeout: float) -> None:
-        """Until Traefik has applied each root at its revision; NotServedInTime after `timeout` s."""
+    async def wait_until(self, done: Callable[[], bool], timeout: float) -> bool:
+        """Check `done` after every check of Traefik (every 10 ms while anyone waits); False after `timeout` s."""
         self._waiters += 1
         try:
             async with self._checked:
-                await asyncio.wait_for(
-                    self._checked.wait_for(lambda: all(self.served(r, rev) for r, rev in targets.items())), timeout
-                )
+                await asyncio.wait_for(self._checked.wait_for(done), timeout)
         except TimeoutError:
-            raise self._not_served(targets) from None
+            return False
         finally:
             self._waiters -= 1
+        return True
 
-    def _not_served(self, targets: Mapping[str, int]) -> NotServedInTime:
-        root, revision = next((r, rev) for r, rev in sorted(targets.items()) if not self.served(r, rev))
+    async def wait_served(self, targets: Mapping[str, int], timeout: float) -> None:
+        """Until Traefik has applied each root at its revision; NotServedInTime after `timeout` s."""
+        if not await self.wait_until(lambda: all(self.served(r, rev) for r, rev in targets.items()), timeout):
+            late = [(r, rev) for r, rev in sorted(targets.items()) if not self.served(r, rev)]
+            if late:
+                raise self.not_served(*late[0])
+
+    def not_served(self, root: str, revision: int, pending: int = 0) -> NotServedInTime:
+        """The error of a wait that timed out on `root` (`pending`: ingresses whose keys still wait to be written)."""
         view = self._views.get(root) or RootConvergence(root)
+        what = f"{pending} ingress(es) committed, their keys held until Traefik applies the previous commit" if pending else (
+            f"committed at revision {revision}, but Traefik has not served it yet"
+        )
         return NotServedInTime(
-            f"committed at revision {revision}, but Traefik has not served it yet ({view.state} on {root}); "
-            "the change stays committed",
+            f"{what} ({view.state} on {root}); the change stays committed",
             {"committed_revision": revision, "applied_revision": view.applied_revision, "state": view.state,
              "blocking_keys": view.blocking_keys},
         )

@@ -17,9 +17,11 @@ class Serving:
 
     def __init__(
         self, layout: KeyLayout, ledger: CommitLedger, render_errors: Callable[[], Mapping[IngressRef, TemplateError]],
-        observer: TraefikObserver | None, timeout: float,
+        observer: TraefikObserver | None, timeout: float, pending: Callable[[IngressRef], bool] = lambda _ref: False,
     ) -> None:
+        """`pending`: whether an ingress's record committed while its keys are held (write/pacer.py)."""
         self._layout = layout
+        self._pending = pending
         self._ledger = ledger
         self._render_errors = render_errors
         self._observer = observer
@@ -35,29 +37,45 @@ class Serving:
         return self._ledger.revision_of(ref)
 
     def status(self, record: Record) -> dict[str, Any]:
-        """`{"committed_revision", "served", "errors"}`; `served` is None without a Traefik to ask."""
+        """`{"committed_revision", "pending", "served", "errors"}`; `served` is None without a Traefik to ask.
+
+        `pending`: the record is committed and its keys wait for Traefik to apply the previous commit.
+        """
         ref = record.key
         committed = self.committed_revision(ref)
+        pending = self._pending(ref)
         errors = []
         if (error := self._render_errors().get(ref)) is not None:
             errors.append(f"not written: {error.title}")
         served: bool | None = None
         if self._observer is not None:
-            served = self._observer.served(self._layout.root(ref.authority), committed)
+            served = not pending and self._observer.served(self._layout.root(ref.authority), committed)
             for router in self._observer.router_errors_of(ref):
                 detail = "; ".join(router["errors"]) or "no error text"
                 errors.append(f"router {router['router']} is {router['status']} in Traefik: {detail}")
-        return {"committed_revision": committed, "served": served, "errors": errors}
+        return {"committed_revision": committed, "pending": pending, "served": served, "errors": errors}
 
     async def wait(self, refs: Iterable[IngressRef]) -> None:
         """Until Traefik serves the committed state of `refs` (removals: no longer serves them); NotServedInTime."""
-        if self._observer is None:
+        observer = self._observer
+        if observer is None:
             return
-        targets: dict[str, int] = {}
-        for ref in refs:
-            revision = self.committed_revision(ref)
-            if revision:
-                root = self._layout.root(ref.authority)
-                targets[root] = max(targets.get(root, 0), revision)
-        if targets:
-            await self._observer.wait_served(targets, self._timeout)
+        refs = list(refs)
+
+        def unserved() -> tuple[IngressRef, int, bool] | None:
+            # Keys held by the pacer first: until they are written there is no revision to wait for.
+            for ref in refs:
+                if self._pending(ref):
+                    return ref, 0, True
+            for ref in refs:
+                revision = self.committed_revision(ref)
+                if revision and not observer.served(self._layout.root(ref.authority), revision):
+                    return ref, revision, False
+            return None
+
+        if not await observer.wait_until(lambda: unserved() is None, self._timeout):
+            late = unserved()
+            if late is not None:
+                ref, revision, pending = late
+                waiting = sum(1 for r in refs if self._pending(r)) if pending else 0
+                raise observer.not_served(self._layout.root(ref.authority), revision, waiting)

@@ -12,7 +12,10 @@ each place it shows:
 - what committed: per ingress, the revision its record committed at (the mirror's), the
   revision of the newest commit that changed its keys when that is later (the last part of a
   split, a health-driven change), and the parts of a write still in flight. What Traefik must
-  have applied for an ingress to be served is `revision_of`: its last part, not its record.
+  have applied for an ingress to be served is `revision_of`: its last part, not its record;
+- paced records (write/pacer.py): a record may commit alone, its keys later. Such a commit
+  wrote nothing under the root, so it is not what Traefik must apply (`revision_of` leaves it
+  out), and while keys it asked for are still unwritten the ingress `awaits_keys`.
 
 It also keeps the revisions this writer created, so the watch tells our commits from anyone
 else's without decoding them, and updates the mirror from every committed transaction.
@@ -56,6 +59,9 @@ class CommitLedger:
         self._keys: dict[IngressRef, int] = {}
         # Parts of a split write not committed yet.
         self._pending: dict[IngressRef, int] = {}
+        # Records that committed without their keys (the revision), and those whose keys still wait.
+        self._record_only: dict[IngressRef, int] = {}
+        self._awaiting: dict[IngressRef, int] = {}
         self._own: set[int] = set()
         # The newest of them (what a paused watch must have caught up with, see the mirror).
         self.newest_own = 0
@@ -105,18 +111,30 @@ class CommitLedger:
                 continue
             if ref in self._pending:
                 self._pending[ref] -= 1
-            if self.layout.record_key(ref) in written:
+            record_key = self.layout.record_key(ref)
+            if not unit.root:  # a record committed alone: its keys are as they were
+                self._record_only[ref] = revision
+                if unit.keys_held:
+                    self._awaiting[ref] = revision
+                continue
+            if record_key in written:
                 self._keys.pop(ref, None)
+                self._record_only.pop(ref, None)
             else:
                 self._keys[ref] = revision
+            self._awaiting.pop(ref, None)
 
     def observed(self, ref: IngressRef, revision: int, *, record: bool) -> None:
         """Another writer changed the ingress (its record when `record`) at `revision`."""
         if record:
             if self._keys.get(ref, 0) <= revision:
                 self._keys.pop(ref, None)
-        elif revision > self._keys.get(ref, 0):
+            self._record_only.pop(ref, None)
+            return
+        if revision > self._keys.get(ref, 0):
             self._keys[ref] = revision
+        if revision > self._awaiting.get(ref, revision):
+            del self._awaiting[ref]
 
     # ----- readers
 
@@ -126,9 +144,23 @@ class CommitLedger:
         return found[1] if found else 0
 
     def revision_of(self, ref: IngressRef) -> int:
-        """The revision of the ingress's last commit: its record's, or a later one that changed only its keys."""
+        """The revision of the ingress's last commit under its root: its record's, or a later one that changed only its keys.
+
+        A record that committed alone (paced) wrote nothing Traefik reads: it does not count.
+        """
         newest_key = max((mod for keys in self._observed.objects_of(ref).values() for _v, mod in keys.values()), default=0)
-        return max(self.record_revision(ref), self._keys.get(ref, 0), newest_key)
+        record = self.record_revision(ref)
+        if self._record_only.get(ref) == record:
+            record = 0
+        return max(record, self._keys.get(ref, 0), newest_key)
+
+    def awaits_keys(self, ref: IngressRef) -> bool:
+        """True when the ingress's record committed alone and the keys it asked for are not written yet."""
+        return ref in self._awaiting
+
+    def keys_written(self, ref: IngressRef) -> None:
+        """The ingress's keys are as its record renders (found so, with nothing to write)."""
+        self._awaiting.pop(ref, None)
 
     def pending(self, ref: IngressRef) -> int:
         """Parts of the ingress's write in flight that have not committed yet."""

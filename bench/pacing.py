@@ -1,0 +1,297 @@
+"""Large roots: pushes against a Traefik whose every rebuild takes D seconds, with the writer paced to it.
+
+Per run, on a fresh etcd started with the limits docs/operations.md recommends for large roots,
+a Traefik (throttle 100 ms) and the daemon next to it (`traefik.api_url` set):
+
+1. Bulk into an empty root: N ingresses pushed as 20 requests, one after the other. Measured:
+   from the last 204 until Traefik is idle again, and how long one push made 5 s after the last
+   204 takes to be listed by Traefik.
+2. D, the floor: with N in place and Traefik idle, a bare client writes the keys of one more
+   ingress as one transaction; seconds until Traefik lists it.
+3. Traefik busy (a push just written): single-ingress pushes one after the other, push-to-204
+   p99, against bare 10-put transactions (outside the root) sent at the same time: the ratio.
+4. Steady load: `--clients` clients push single new ingresses for `--duration` s. Every commit
+   under the root is seen through a watch (its revision, the beacon it wrote); Traefik's shown
+   beacon is polled every 50 ms. Per ingress: from its 204 to the first poll showing a beacon
+   at or past the revision of its keys. Reported: the worst and the median of those, of the
+   first and of the last 10 s, as multiples of D; and how many revisions under the root
+   (configurations Traefik had to apply) against `duration / D`.
+
+Targets (medians of --runs): 1. idle within 3 x D of the last 204, the later push listed within
+3 x D; 3. p99 <= 3x the bare transaction; 4. every push served within 2.5 x D, the last 10 s no
+worse than the first, at most 1.2 x (duration / D) configurations.
+
+Usage: .venv/bin/python bench/pacing.py [--ingresses 10000] [--runs 3] [--duration 60] [--clients 10]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import bisect
+import itertools
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import aiohttp
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench.common import HEADERS, ROOT_KEY, body, ingress_keys, make_records, median, pct, start_daemon, wait_up
+from bench.push_api import cpu_seconds
+from bench.traefik_cost import _until_idle, _until_listed
+from exporter.embedded import RECOMMENDED_ETCD_FLAGS, EmbeddedEtcd, EmbeddedTraefik, start_etcd, start_traefik
+from exporter.etcd.client import EtcdClient
+from exporter.etcd.types import Op
+from exporter.ingress import Ingress
+from exporter.keys import KeyLayout
+from exporter.store.records import Record
+from exporter.traefik.api import TraefikApi
+
+AUTHORITY = "bench"
+LAYOUT = KeyLayout(ROOT_KEY, "traefik-etcd-exporter/records")
+ROOT = LAYOUT.root(AUTHORITY)
+BEACON = LAYOUT.beacon_key(ROOT)
+
+
+@dataclass
+class Run:
+    figures: dict[str, float] = field(default_factory=dict)
+
+
+async def _push(session: aiohttp.ClientSession, base: str, ids: itertools.count[int]) -> tuple[str, float]:
+    """One new single-ingress upsert; its router's name and its push-to-204 seconds."""
+    n = next(ids)
+    record = Record.of(Ingress.model_validate({
+        "authority": AUTHORITY, "id": f"i{n}", "revision": 1, "hosts": [f"i{n}.example.test"],
+        "upstream": {"servers": [{"url": f"http://10.2.{n % 250}.{n // 250 % 250}:8000"}]},
+    }))
+    started = time.perf_counter()
+    async with session.post(f"{base}/v2/ingress/upsert", data=body([record]), headers=HEADERS) as resp:
+        if resp.status != 204:
+            raise RuntimeError(f"upsert answered {resp.status}: {await resp.text()}")
+    return f"{AUTHORITY}_i{n}@etcd", time.perf_counter() - started
+
+
+@asynccontextmanager
+async def _stack(tmp: Path) -> AsyncIterator[tuple[EmbeddedEtcd, EmbeddedTraefik, str, str]]:
+    etcd = start_etcd(tmp, extra_args=RECOMMENDED_ETCD_FLAGS)
+    traefik = start_traefik(tmp, etcd.url, ROOT, ["web"])
+    proc, base, control = start_daemon(
+        etcd.url, tmp, EXPORTER_TRAEFIK__API_URL=traefik.api, EXPORTER_API__SERVED_TIMEOUT="600",
+    )
+    try:
+        yield etcd, traefik, base, control
+    finally:
+        proc.terminate()
+        proc.wait(30)
+        traefik.stop()
+        etcd.stop()
+
+
+async def _bulk(session: aiohttp.ClientSession, base: str, traefik: EmbeddedTraefik, n: int, run: Run) -> None:
+    records = make_records(n)
+    step = max(1, n // 20)
+    for i in range(0, n, step):
+        async with session.post(f"{base}/v2/ingress/upsert", data=body(records[i : i + step]), headers=HEADERS) as resp:
+            if resp.status != 204:
+                raise RuntimeError(f"bulk answered {resp.status}: {await resp.text()}")
+    last = time.monotonic()
+    later = asyncio.create_task(_later_push(session, base, traefik, last + 5))
+    await _until_listed(traefik, f"{AUTHORITY}_i{n - 1}@etcd")
+    await _until_idle(traefik)
+    run.figures["bulk idle after last 204"] = time.monotonic() - last
+    run.figures["bulk later push listed"] = await later
+    await _until_idle(traefik)
+
+
+async def _later_push(session: aiohttp.ClientSession, base: str, traefik: EmbeddedTraefik, at: float) -> float:
+    await asyncio.sleep(max(0.0, at - time.monotonic()))
+    name, _ = await _push(session, base, itertools.count(2_000_000))
+    started = time.monotonic()
+    await _until_listed(traefik, name)
+    return time.monotonic() - started
+
+
+async def _floor(etcd: EmbeddedEtcd, traefik: EmbeddedTraefik, n: int) -> float:
+    """D: one more ingress's keys (no record: foreign to the exporter, left alone) as one bare transaction."""
+    extra = make_records(n + 1, authority=AUTHORITY)[n:]
+    keys = [(k, v) for k, v in ingress_keys(extra)[0] if k.startswith(ROOT)]
+    renamed = [(k.replace(f"{AUTHORITY}_i{n}", "bare_floor"), v) for k, v in keys]
+    async with EtcdClient([etcd.url]) as client:
+        await client.txn([], [Op(k, v) for k, v in renamed])
+        listed = await _until_listed(traefik, "bare_floor@etcd")
+        await _until_idle(traefik)
+        await client.txn([], [Op(k, None) for k, _ in renamed])
+    await _until_idle(traefik)
+    return listed
+
+
+async def _busy(session: aiohttp.ClientSession, base: str, etcd: EmbeddedEtcd, run: Run, samples: int = 30) -> None:
+    ids = itertools.count(3_000_000)
+    await _push(session, base, ids)  # Traefik now rebuilds for D seconds
+    pushes: list[float] = []
+    bare: list[float] = []
+    async with aiohttp.ClientSession() as raw:
+        for s in range(samples):
+            pushes.append((await _push(session, base, ids))[1])
+            txn = {"success": [{"request_put": {"key": _b64(f"bench-bare/{s}/{k}"), "value": _b64("x" * 40)}} for k in range(10)]}
+            started = time.perf_counter()
+            async with raw.post(f"{etcd.url}/v3/kv/txn", json=txn) as resp:
+                await resp.read()
+            bare.append(time.perf_counter() - started)
+    run.figures["busy push p99"] = pct(pushes, 0.99)
+    run.figures["busy bare p99"] = pct(bare, 0.99)
+
+
+def _b64(text: str) -> str:
+    return base64.b64encode(text.encode()).decode()
+
+
+async def _steady(
+    session: aiohttp.ClientSession, base: str, etcd: EmbeddedEtcd, traefik: EmbeddedTraefik, run: Run, duration: float,
+    clients: int, floor: float,
+) -> None:
+    ids = itertools.count(4_000_000)
+    acked: list[tuple[str, float]] = []  # (router name, 204 at)
+    commits: dict[str, int] = {}  # router name -> revision of its keys
+    beacons: dict[str, int] = {}  # beacon value -> revision
+    shown: list[tuple[float, str | None]] = []
+    revisions: set[int] = set()
+    stop = asyncio.Event()
+    async with EtcdClient([etcd.url]) as client:
+        start_rev = (await client.range_prefix(BEACON)).revision + 1
+
+        async def watch() -> None:
+            async for events in client.watch_prefix(ROOT + "/", start_rev, idle_timeout=3600):
+                for e in events:
+                    revisions.add(e.mod_revision)
+                    if e.key == BEACON and e.value:
+                        beacons[e.value] = e.mod_revision
+                    elif e.key.endswith("/rule") and "/routers/" in e.key:
+                        commits[e.key.split("/routers/")[1].split("/")[0] + "@etcd"] = e.mod_revision
+
+        async def poll() -> None:
+            api = TraefikApi(traefik.api)
+            try:
+                while True:
+                    shown.append((time.monotonic(), await api.beacon()))
+                    await asyncio.sleep(0.05)
+            finally:
+                await api.close()
+
+        async def pusher() -> None:
+            while not stop.is_set():
+                name, _ = await _push(session, base, ids)
+                acked.append((name, time.monotonic()))
+
+        watcher, poller = asyncio.create_task(watch()), asyncio.create_task(poll())
+        began = time.monotonic()
+        tasks = [asyncio.create_task(pusher()) for _ in range(clients)]
+        await asyncio.sleep(duration)
+        stop.set()
+        await asyncio.gather(*tasks)
+        window_revisions = len({r for r in revisions if r >= start_rev})
+        await _until_listed(traefik, acked[-1][0])
+        deadline = time.monotonic() + 10 * floor + 60
+        while not _all_served(acked, commits, beacons, shown) and time.monotonic() < deadline:
+            await asyncio.sleep(0.2)
+        watcher.cancel()
+        poller.cancel()
+        await asyncio.gather(watcher, poller, return_exceptions=True)
+    served = _served_after(acked, commits, beacons, shown)
+    first = [s for (_n, at), s in zip(acked, served, strict=True) if at - began <= 10]
+    last = [s for (_n, at), s in zip(acked, served, strict=True) if at - began >= duration - 10]
+    run.figures |= {
+        "steady pushes": len(acked), "steady unserved": sum(1 for s in served if s is None),
+        "steady worst": max(s or 0 for s in served), "steady median": median([s for s in served if s is not None]),
+        "steady first10 median": median([s for s in first if s is not None]),
+        "steady last10 median": median([s for s in last if s is not None]),
+        "steady revisions": window_revisions,
+    }
+
+
+def _applied(beacons: dict[str, int], shown: list[tuple[float, str | None]]) -> tuple[list[float], list[int]]:
+    """Poll times, and the newest revision Traefik had applied by each (never decreasing)."""
+    times, revisions, newest = [], [], 0
+    for at, value in shown:
+        newest = max(newest, beacons.get(value or "", 0))
+        times.append(at)
+        revisions.append(newest)
+    return times, revisions
+
+
+def _served_after(
+    acked: list[tuple[str, float]], commits: dict[str, int], beacons: dict[str, int], shown: list[tuple[float, str | None]]
+) -> list[float | None]:
+    """Per acknowledged push: seconds from its 204 to the first poll showing its keys applied (None: never)."""
+    times, revisions = _applied(beacons, shown)
+    out: list[float | None] = []
+    for name, at in acked:
+        rev = commits.get(name)
+        i = bisect.bisect_left(revisions, rev) if rev is not None else len(revisions)
+        out.append(max(0.0, times[i] - at) if i < len(times) else None)
+    return out
+
+
+def _all_served(
+    acked: list[tuple[str, float]], commits: dict[str, int], beacons: dict[str, int], shown: list[tuple[float, str | None]]
+) -> bool:
+    return all(s is not None for s in _served_after(acked, commits, beacons, shown))
+
+
+async def one_run(n: int, duration: float, clients: int) -> Run:
+    run = Run()
+    with tempfile.TemporaryDirectory(prefix="bench-pacing-") as tmp:
+        async with _stack(Path(tmp)) as (etcd, traefik, base, _control), aiohttp.ClientSession() as session:
+            await wait_up(session, base)
+            before = cpu_seconds(traefik.proc.pid)
+            await _bulk(session, base, traefik, n, run)
+            run.figures["bulk traefik cpu"] = cpu_seconds(traefik.proc.pid) - before
+            floor = await _floor(etcd, traefik, n)
+            run.figures["D"] = floor
+            await _busy(session, base, etcd, run)
+            await _until_idle(traefik)
+            before = cpu_seconds(traefik.proc.pid)
+            await _steady(session, base, etcd, traefik, run, duration, clients, floor)
+            run.figures["steady traefik cpu"] = cpu_seconds(traefik.proc.pid) - before
+    return run
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--ingresses", type=int, default=10_000)
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--duration", type=float, default=60.0)
+    parser.add_argument("--clients", type=int, default=10)
+    args = parser.parse_args()
+    runs = []
+    for i in range(args.runs):
+        run = await one_run(args.ingresses, args.duration, args.clients)
+        runs.append(run)
+        print(f"run {i + 1}: " + ", ".join(f"{k} {v:.2f}" for k, v in run.figures.items()), flush=True)
+    m = {key: median([r.figures[key] for r in runs]) for key in runs[0].figures}
+    d = m["D"]
+    print(f"{args.ingresses} routers, medians of {args.runs} runs; D (one more ingress, bare, Traefik idle) = {d:.2f}s")
+    print(f"bulk of {args.ingresses} into an empty root: Traefik idle {m['bulk idle after last 204']:.1f}s after the last 204 "
+          f"({m['bulk idle after last 204'] / d:.2f} x D; target <= 3), a push 5 s later listed after "
+          f"{m['bulk later push listed']:.1f}s ({m['bulk later push listed'] / d:.2f} x D; target <= 3); "
+          f"Traefik CPU {m['bulk traefik cpu']:.0f}s")
+    print(f"Traefik busy: push-to-204 p99 {m['busy push p99'] * 1000:.1f} ms, bare 10-put txn p99 "
+          f"{m['busy bare p99'] * 1000:.1f} ms ({m['busy push p99'] / m['busy bare p99']:.2f}x; target <= 3)")
+    print(f"{args.clients} clients for {args.duration:.0f}s: {m['steady pushes']:.0f} pushes, unserved {m['steady unserved']:.0f}; "
+          f"204-to-served worst {m['steady worst']:.1f}s ({m['steady worst'] / d:.2f} x D; target <= 2.5), median "
+          f"{m['steady median']:.1f}s; first 10 s median {m['steady first10 median']:.1f}s, last 10 s "
+          f"{m['steady last10 median']:.1f}s; {m['steady revisions']:.0f} revisions under the root "
+          f"({m['steady revisions'] / (args.duration / d):.2f} x duration/D; target <= 1.2); "
+          f"Traefik CPU {m['steady traefik cpu']:.0f}s")
+
+
+if __name__ == "__main__":
+    asyncio.run(main())
