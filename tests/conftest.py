@@ -14,7 +14,7 @@ import pytest
 
 from exporter.config import Settings
 from exporter.daemon import Daemon, build_reconciler
-from exporter.embedded import EmbeddedEtcd, EmbeddedTraefik, start_etcd, start_traefik
+from exporter.embedded import RECOMMENDED_ETCD_FLAGS, EmbeddedEtcd, EmbeddedTraefik, start_etcd, start_traefik
 from exporter.etcd.client import EtcdClient
 from exporter.keys import IngressRef
 from exporter.reconcile import Reconciler, Removal
@@ -31,7 +31,8 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session")
 def etcd(workdir: Path) -> Iterator[EmbeddedEtcd]:
-    server = start_etcd(workdir)
+    # The limits docs/operations.md recommends for large roots, as the embedded etcd and compose use.
+    server = start_etcd(workdir, RECOMMENDED_ETCD_FLAGS)
     yield server
     server.stop()
 

@@ -252,7 +252,8 @@ async def test_pushes_while_traefik_is_behind_commit_records_at_once_and_their_k
     api = {"listen": f"127.0.0.1:{free_port()}", "token": API_TOKEN, "served_timeout": 60}
     daemon = Daemon(settings_for(etcd.url, **_settings(etcd.url, traefik.api, api=api)))
     await daemon.start()
-    client = Client(daemon, http)
+    patient = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=90))
+    client = Client(daemon, patient)
     try:
         await daemon.reconciler.wait_synced(30)
         await _paced_pushes(client, daemon, etcd_client, traefik, http, backend)
@@ -260,6 +261,7 @@ async def test_pushes_while_traefik_is_behind_commit_records_at_once_and_their_k
         for iid in list(client.pushed):
             await client.remove(iid)
         await daemon.stop()
+        await patient.close()
 
 
 async def _paced_pushes(

@@ -10,7 +10,7 @@ from loguru import logger
 
 from exporter.embedded import EmbeddedEtcd, start_etcd
 from exporter.etcd.client import EtcdClient
-from exporter.etcd.limits import MAX_OPS_PROBED, EtcdLimits, detect_limits
+from exporter.etcd.limits import MAX_BYTES_PROBED, MAX_OPS_PROBED, EtcdLimits, detect_limits
 from exporter.keys import KeyLayout
 from exporter.plan.planner import Planner
 from exporter.reconcile import Cadence, Reconciler
@@ -32,15 +32,29 @@ async def test_detected_on_the_fake_as_etcd_reports_them(ops: int, request_bytes
 
 @pytest.fixture(scope="module")
 async def roomy_etcd(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[EmbeddedEtcd]:
-    """An etcd started with the limits docs/operations.md recommends for large roots (smaller here)."""
+    """An etcd with raised limits smaller than the recommended ones (the session etcd has those)."""
     etcd = start_etcd(Path(tmp_path_factory.mktemp("roomy")), ["--max-txn-ops", "1000", "--max-request-bytes", str(8 * 1024 * 1024)])
     yield etcd
     etcd.stop()
 
 
+@pytest.fixture(scope="module")
+async def default_etcd(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[EmbeddedEtcd]:
+    """An etcd with its own default limits."""
+    etcd = start_etcd(Path(tmp_path_factory.mktemp("default")))
+    yield etcd
+    etcd.stop()
+
+
 @pytest.mark.integration
-async def test_detected_on_a_real_etcd_with_its_default_and_raised_limits(etcd: EmbeddedEtcd, roomy_etcd: EmbeddedEtcd) -> None:
-    for server, expected in ((etcd, EtcdLimits(128, 1536 * 1024)), (roomy_etcd, EtcdLimits(1000, 8 * 1024 * 1024))):
+async def test_detected_on_a_real_etcd_with_its_default_and_raised_limits(
+    etcd: EmbeddedEtcd, roomy_etcd: EmbeddedEtcd, default_etcd: EmbeddedEtcd
+) -> None:
+    cases = (
+        (default_etcd, EtcdLimits(128, 1536 * 1024)), (roomy_etcd, EtcdLimits(1000, 8 * 1024 * 1024)),
+        (etcd, EtcdLimits(MAX_OPS_PROBED, MAX_BYTES_PROBED)),  # the recommended 64 MiB: as far as the probe goes
+    )
+    for server, expected in cases:
         async with EtcdClient([server.url]) as client:
             before = await client.revision()
             assert await detect_limits(client, KEY) == expected

@@ -140,8 +140,11 @@ class Committer:
     ) -> list[UnitPlan]:
         """Plan and write in chunks, so the next chunk is planned while earlier ones are in flight."""
         applying: list[asyncio.Task[list[UnitPlan]]] = []
-        for start in range(0, len(refs), _PIPELINE_CHUNK):
-            plan, groups = self._plan_step(refs[start : start + _PIPELINE_CHUNK], requested, outcome, include_roots=start == 0)
+        # Paced to a Traefik, revisions under a root cost more than the latency steps save:
+        # one plan, packed into the fewest transactions.
+        step = max(1, len(refs)) if self._pacer.enabled else _PIPELINE_CHUNK
+        for start in range(0, len(refs), step):
+            plan, groups = self._plan_step(refs[start : start + step], requested, outcome, include_roots=start == 0)
             applying.append(asyncio.create_task(self._apply(plan, groups, dirty, outcome)))
             await asyncio.sleep(0)  # let replies of transactions in flight be handled
         results = await asyncio.gather(*applying, return_exceptions=True)
@@ -171,7 +174,7 @@ class Committer:
         self, plan: Plan, groups: Mapping[IngressRef, int], reasons: Mapping[IngressRef, str], outcome: Outcome
     ) -> list[UnitPlan]:
         """Write `plan`, recording what committed in `outcome`; returns the units that lost a compare."""
-        plan.units = self._paced(self._allowed(plan.units, groups), groups)
+        plan.units = self._paced(self._allowed(plan.units, groups), groups, reasons)
         metrics.PLAN_CHANGES.observe(len(plan.changes()))
         planned = {u.owner for u in plan.units}
         # Requested ingresses that need no change are as desired already.
@@ -194,7 +197,7 @@ class Committer:
         # ask for (never a leader-only change unfenced); the leader makes the rest.
         return [u for u in units if u.owner in groups or (u.owner is None and groups)]
 
-    def _paced(self, units: list[UnitPlan], groups: Mapping[IngressRef, int]) -> list[UnitPlan]:
+    def _paced(self, units: list[UnitPlan], groups: Mapping[IngressRef, int], reasons: Mapping[IngressRef, str]) -> list[UnitPlan]:
         """The units to write now: on a paced root, records alone (requests) and nothing of the keys (held)."""
         if not self._pacer.enabled:
             return units
@@ -208,7 +211,7 @@ class Committer:
             record = [c for c in unit.changes if c.key == record_key]
             held = len(record) < len(unit.changes)
             if held:
-                self._pacer.hold(ref, unit.root)
+                self._pacer.hold(ref, unit.root, "request" if ref in groups else reasons.get(ref, "reconcile"))
             if record and (ref in groups or not held):
                 # The record alone, guarded by its own compare: nothing under the root changes.
                 out.append(UnitPlan(
@@ -262,7 +265,7 @@ class Committer:
             if unit.owner in groups:
                 continue
             reason = reasons.get(unit.owner) if unit.owner else "reconcile"
-            if reason is None:
+            if reason is None or reason == "request":  # held keys of a request: logged as requests are, by their txn
                 continue
             if reason == "drift":
                 metrics.REPAIRS.inc(len(unit.changes))

@@ -31,7 +31,7 @@ class Inbox:
         self._wake.set()
 
     def redo(self, reasons: Mapping[IngressRef, str]) -> None:
-        """Plan these again on the next turn (a write that did not land)."""
+        """Plan these again on the next turn, each with its reason (a write that did not land, keys that were held)."""
         for ref, reason in reasons.items():
             self._dirty.setdefault(ref, reason)
 

@@ -149,7 +149,7 @@ class Loop:
             next_full = time.monotonic() + self._cadence.reconcile_interval
             await self._full_pass()
         if due := self._pacer.due():
-            self._inbox.mark_dirty(due, "paced")
+            self._inbox.redo(due)
         try:
             if self._intents.queued_requests or self._inbox.dirty:
                 await self._batch()

@@ -227,8 +227,10 @@ class TraefikObserver:
 
     def _scan(self, view: RootConvergence, now: float) -> None:
         # A full scan of the root's keys: only once Traefik has been behind for longer than an
-        # ordinary reload takes, and then at most once a second.
-        if view.state == "converged" or view.lag_seconds < min(_SCAN_AFTER, self._max_lag / 2):
+        # ordinary reload takes (at a large root, three of its measured apply times), and then
+        # at most once a second.
+        ordinary = max(_SCAN_AFTER, 3 * statistics.median(view.applies)) if view.applies else _SCAN_AFTER
+        if view.state == "converged" or view.lag_seconds < min(ordinary, self._max_lag / 2):
             view.blocking_keys = []
             return
         if now - self._last_scan < _SCAN_EVERY:
@@ -255,9 +257,14 @@ class TraefikObserver:
         return [self._views[r] for r in sorted(self._views)]
 
     def behind(self, root: str) -> bool:
-        """True when this Traefik reads `root` and has not applied the newest commit on it (unreachable: unknown, False)."""
+        """True when this Traefik reads `root` and has not applied the newest commit on it.
+
+        False while that is unknown: Traefik unreachable, or not yet seen serving `root` (it
+        reads another root, or none of ours yet), so no root is held for a Traefik that never
+        applies it.
+        """
         view = self._views.get(root)
-        if view is None or self._unreachable_since is not None:
+        if view is None or self._unreachable_since is not None or self._served_root != root:
             return False
         latest = self._observed.latest_beacon(root)
         return latest is not None and latest.revision > view.applied_revision

@@ -42,8 +42,9 @@ class Pacer:
         self._behind = behind
         self.hold_max = hold_max
         self._clock = clock
-        # Per root: each held ingress with when it was first held (insertion order: oldest first).
-        self._held: dict[str, dict[IngressRef, float]] = {}
+        # Per root: each held ingress with when it was first held (insertion order: oldest first)
+        # and why its keys change (logged when they are written).
+        self._held: dict[str, dict[IngressRef, tuple[float, str]]] = {}
         # Roots whose held keys are being written: everything else on them goes along.
         self._flushing: set[str] = set()
 
@@ -58,11 +59,11 @@ class Pacer:
             return False
         return not self._overdue(root)
 
-    def hold(self, ref: IngressRef, root: str) -> None:
-        """Keep `ref`'s keys back until its root is due (its first hold time is kept)."""
+    def hold(self, ref: IngressRef, root: str, reason: str) -> None:
+        """Keep `ref`'s keys back until its root is due (its first hold time and reason are kept)."""
         held = self._held.setdefault(root, {})
         if ref not in held:
-            held[ref] = self._clock()
+            held[ref] = (self._clock(), reason)
             PACED.labels(root).set(len(held))
 
     def holds(self, ref: IngressRef) -> bool:
@@ -73,14 +74,14 @@ class Pacer:
         """True when some root holds keys that may be written now."""
         return any(not self.paced(root) for root in self._held)
 
-    def due(self) -> list[IngressRef]:
-        """Every held ingress of the roots that may be written now; they are no longer held.
+    def due(self) -> dict[IngressRef, str]:
+        """Every held ingress of the roots that may be written now, with its reason; they are no longer held.
 
         Those roots stay unpaced until `flushed`, so whatever else is written with them goes whole.
         """
-        out: list[IngressRef] = []
+        out: dict[IngressRef, str] = {}
         for root in [r for r in self._held if not self.paced(r)]:
-            out.extend(self._held.pop(root))
+            out.update((ref, reason) for ref, (_at, reason) in self._held.pop(root).items())
             self._flushing.add(root)
             PACED.labels(root).set(0)
         return out
@@ -110,10 +111,10 @@ class Pacer:
         """What is held on `root`."""
         held = self._held.get(root, {})
         oldest = next(iter(held.values()), None)
-        return Backlog(len(held), round(self._clock() - oldest, 3) if oldest is not None else 0.0)
+        return Backlog(len(held), round(self._clock() - oldest[0], 3) if oldest is not None else 0.0)
 
     def _overdue(self, root: str) -> bool:
         held = self._held.get(root)
         if not held:
             return False
-        return self._clock() - next(iter(held.values())) >= self.hold_max
+        return self._clock() - next(iter(held.values()))[0] >= self.hold_max
