@@ -139,7 +139,7 @@ async def _floor(etcd: EmbeddedEtcd, traefik: EmbeddedTraefik, n: int) -> float:
     return listed
 
 
-async def _busy(session: aiohttp.ClientSession, base: str, etcd: EmbeddedEtcd, run: Run, samples: int = 30) -> None:
+async def _busy(session: aiohttp.ClientSession, base: str, etcd: EmbeddedEtcd, run: Run, samples: int = 200) -> None:
     ids = itertools.count(3_000_000)
     await _push(session, base, ids)  # Traefik now rebuilds for D seconds
     pushes: list[float] = []

@@ -124,6 +124,10 @@ class ControlSettings(_Server):
     """The monitoring endpoints (/healthz, /readyz, /metrics, /v1/healthcheck)."""
 
     listen: str = Field(default="127.0.0.1:8571", description="host:port of /healthz, /readyz, /metrics")
+    open_paths: list[str] = Field(
+        default_factory=lambda: ["/healthz", "/readyz", "/metrics", "/v1/healthcheck"],
+        description="paths (and what is under them) served without the API token when listen is not a loopback address",
+    )
 
 
 class WriterSettings(_Section):

@@ -8,6 +8,7 @@ import signal
 import ssl
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 from aiohttp import web
 from loguru import logger
@@ -15,9 +16,13 @@ from watchfiles import awatch
 
 from . import __version__
 from .config import Settings
+from .control.access import security_headers, token_required
 from .control.convergence import convergence_routes
+from .control.events import EventRing, events_routes
 from .control.healthcheck import healthcheck_routes
 from .control.server import control_app
+from .control.status_page import status_routes
+from .control.status_view import StatusView
 from .discovery import Discovery, registration_of
 from .errors import ConfigError, EtcdError
 from .etcd.client import EtcdClient
@@ -200,10 +205,11 @@ class Daemon:
             )
             self.shared = SharedHealth(self.etcd, layout, self.leadership.identity, self.leadership)
         self.notifier = _notifier(settings, self.leadership or AlwaysLeader(), self._ingress)
+        self.events = EventRing(forward=self.notifier)
         passive = _passive(settings, layout)
         self.health = HealthEngine(
             load_kinds(BUILTIN), inbox, concurrency=settings.health.concurrency, shared=self.shared,
-            rendered_urls=observed.server_urls, passive=passive, transitions=self.notifier, supervisor=self.supervisor,
+            rendered_urls=observed.server_urls, passive=passive, transitions=self.events, supervisor=self.supervisor,
         )
         self.edge = edge_policy(settings)
         self.renderer = renderer_for(settings, layout, self.edge)
@@ -219,6 +225,7 @@ class Daemon:
         )
         if self.observer is not None:
             self.observer.add_listener(self.reconciler.traefik_checked)
+            self.observer.state_changed = lambda _root, _state, text: self.events.add("traefik", text)
         self.passive = _passive_monitor(settings, layout, passive, self.health, self._ingress, self.leadership)
         self.serving = Serving(
             layout, self.reconciler.ledger, lambda: self.reconciler.render_errors, self.observer, settings.api.served_timeout,
@@ -226,6 +233,12 @@ class Daemon:
         )
         self.files = IngressFiles(settings.sources.files, self.reconciler, settings.sources.max_file_bytes)
         self.discovery = _discovery(settings)
+        self.status = StatusView(
+            version=__version__, reconciler=self.reconciler, serving=self.serving, observer=self.observer, health=self.health,
+            events=self.events, readiness=self.readiness, role=self._role,
+            etcd_reachable=lambda: self.etcd.reachability().reachable,
+            discovery=lambda: self.discovery.registered if self.discovery is not None else None,
+        )
         self.stop_event = asyncio.Event()
         self.sources_applied = False
         self._stopping = False
@@ -285,7 +298,7 @@ class Daemon:
             logger.warning("push API on {} accepts requests without a token (loopback only)", api.listen)
         return push_api_app(
             self.reconciler, token=token, jwt_secret=jwt_secret, max_body_bytes=api.max_body_bytes,
-            ready=self._accepting, serving=self.serving,
+            ready=self._accepting, serving=self.serving, refused=self.events.refused,
         )
 
     async def start(self) -> None:
@@ -294,9 +307,16 @@ class Daemon:
         routes = healthcheck_routes(
             self.health, lambda owner: self.reconciler.store.get(owner) is not None, self._health_headers
         ) + convergence_routes(self.observer, self.reconciler.overlapping_roots, self.reconciler.backlog)
+        routes += events_routes(self.events) + status_routes(self.status)
         control, api = self.settings.control, self.settings.api
         control_tls = _server_tls(control.tls_cert_file, control.tls_key_file, "control")
-        self._runners.append(await _serve(control_app(self.readiness, routes), control.listen, control_tls))
+        middlewares = [security_headers()]
+        if not is_loopback(control.listen):
+            # Beyond loopback the page and its JSON ask for the push API's credentials (monitoring paths stay open).
+            required, login = token_required(self.settings.api_token(), self.settings.api_jwt_secret(), control.open_paths)
+            middlewares.append(required)
+            routes += login
+        self._runners.append(await _serve(control_app(self.readiness, routes, middlewares), control.listen, control_tls))
         logger.info("control server on {}://{}", "https" if control_tls else "http", control.listen)
         if push_api is not None:
             api_tls = _server_tls(api.tls_cert_file, api.tls_key_file, "api")
@@ -351,8 +371,15 @@ class Daemon:
         leader, age = self.shared.leader_and_age() if self.shared else (None, None)
         return {"X-Health-Leader": leader or "", "X-Health-Age": "" if age is None else f"{age:.1f}"}
 
+    def _role(self) -> dict[str, Any]:
+        if self.leadership is None:
+            return {"role": "leader (no election)", "leader": None}
+        return {"role": "leader" if self.leadership.is_leader() else "follower", "leader": self.leadership.leader}
+
     def _leadership_changed(self, leader: bool) -> None:
         # Probing, repair and the periodic reconcile follow leadership.
+        if self.leadership is not None:
+            self.events.add("leadership", f"{self.leadership.identity} {'leads' if leader else 'no longer leads'}")
         if self._stopping:
             return
         self._spawn("lead" if leader else "follow", self._lead if leader else self.health.stop)

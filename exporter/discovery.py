@@ -89,6 +89,11 @@ def registration_of(settings: Settings, version: str) -> Registration:
 class Discovery:
     """Keeps one registration alive in Redis; `readiness()` says when it cannot."""
 
+    @property
+    def registered(self) -> bool:
+        """True while the registration is current."""
+        return self._registered
+
     def __init__(self, registration: Registration, url: str, *, password: str | None, ttl: int, heartbeat: float) -> None:
         self.registration = registration
         self._redis = aioredis.Redis.from_url(url, password=password, socket_timeout=2.0, socket_connect_timeout=2.0)

@@ -5,12 +5,15 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from aiohttp import web
+from aiohttp.typedefs import Middleware
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 Readiness = Callable[[], list[str]]
 
 
-def control_app(readiness: Readiness, extra_routes: list[web.RouteDef] | None = None) -> web.Application:
+def control_app(
+    readiness: Readiness, extra_routes: list[web.RouteDef] | None = None, middlewares: list[Middleware] | None = None
+) -> web.Application:
     """The aiohttp application; `readiness` returns the reasons the daemon is not ready (empty: ready)."""
 
     async def healthz(_request: web.Request) -> web.Response:
@@ -26,7 +29,7 @@ def control_app(readiness: Readiness, extra_routes: list[web.RouteDef] | None = 
         body = generate_latest()
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
-    app = web.Application()
+    app = web.Application(middlewares=middlewares or [])
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics)

@@ -42,6 +42,12 @@ class Planner:
         if self._renderer.may_refuse(record.ingress):
             self._renderer.render(record.ingress, ejections.ejected(record.key, record.ingress), record.content)
 
+    def rendered(self, record: Record, ejections: Ejections = _NO_EJECTIONS) -> dict[str, str]:
+        """The keys `record` renders to now (none for a removal); raises TemplateError."""
+        if record.removed:
+            return {}
+        return dict(self._renderer.render(record.ingress, ejections.ejected(record.key, record.ingress), record.content).kv)
+
     def plan(
         self,
         desired: Mapping[IngressRef, Record],

@@ -20,6 +20,7 @@ from ..errors import EtcdUnavailable, TemplateError
 from ..etcd.limits import EtcdLimits, detect_limits
 from ..etcd.store import EtcdStore
 from ..keys import IngressRef, KeyLayout, overlapping_roots
+from ..plan.format import format_plan
 from ..plan.plan import Plan
 from ..plan.planner import Planner
 from ..roles import Admission, AdmitAll, AlwaysLeader, Ejections, LeaderPolicy, NoEjections
@@ -241,6 +242,22 @@ class Reconciler:
                 return True
         self.ledger.keys_written(ref)
         return False
+
+    @property
+    def records(self) -> dict[IngressRef, Record]:
+        """The stored records (tombstones left out)."""
+        return self.store.records
+
+    def rendered_keys(self, ref: IngressRef) -> dict[str, str]:
+        """The keys the ingress renders to now (its health ejections applied); raises TemplateError."""
+        record = self.store.latest(ref)
+        return self._planner.rendered(record, self._ejections) if record is not None else {}
+
+    def preview_one(self, ref: IngressRef) -> str:
+        """What `diff` would print for this ingress alone (empty: etcd holds what it renders to)."""
+        record = self.store.latest(ref)
+        view = {ref: record} if record is not None else {}
+        return format_plan(self._planner.plan(view, self.observed, [ref], self._ejections, include_roots=False))
 
     def backlog(self, root: str) -> Backlog:
         """The keys held on `root` for its Traefik."""

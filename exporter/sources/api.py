@@ -110,9 +110,11 @@ class PushApi:
 
     def __init__(
         self, sink: IngressSink, *, auth: Authenticator, max_body_bytes: int, ready: Callable[[], bool],
-        serving: Serving | None = None,
+        serving: Serving | None = None, refused: Callable[[ExporterError], None] | None = None,
     ) -> None:
+        """`refused`: told of every request answered 400 or 409 (the status page's events)."""
         self._sink = sink
+        self._refused = refused
         self._auth = auth
         self._max_body_bytes = max_body_bytes
         self._ready = ready
@@ -134,6 +136,8 @@ class PushApi:
             response = await handler(request)
         except ExporterError as exc:
             response = error_response(exc)
+            if self._refused is not None and response.status in (400, 409):
+                self._refused(exc)
         except web.HTTPException as exc:
             if exc.status == 413:
                 response = error_response(BodyTooLarge(f"request body is larger than {self._max_body_bytes} bytes"))
@@ -200,8 +204,8 @@ class PushApi:
 
 def push_api_app(
     sink: IngressSink, *, token: str | None, max_body_bytes: int, ready: Callable[[], bool] = lambda: True,
-    serving: Serving | None = None, jwt_secret: str | None = None,
+    serving: Serving | None = None, jwt_secret: str | None = None, refused: Callable[[ExporterError], None] | None = None,
 ) -> web.Application:
     """The aiohttp application of the push API. No token and no JWT secret means unauthenticated (loopback only)."""
     auth = Authenticator(token, jwt_secret)
-    return PushApi(sink, auth=auth, max_body_bytes=max_body_bytes, ready=ready, serving=serving).app()
+    return PushApi(sink, auth=auth, max_body_bytes=max_body_bytes, ready=ready, serving=serving, refused=refused).app()

@@ -108,6 +108,8 @@ class TraefikObserver:
         self._checked = asyncio.Condition()
         self._waiters = 0
         self._listeners: list[Callable[[], None]] = []
+        # Told of every change of a root's state: (root, new state, a sentence).
+        self.state_changed: Callable[[str, State, str], None] | None = None
 
     # ----- the loop
 
@@ -125,7 +127,11 @@ class TraefikObserver:
             await self.api.close()
 
     def _behind(self) -> bool:
-        # Checked every 50 ms: from the newest beacon only, without copying the history.
+        # Checked every 50 ms: from the newest beacon only, without copying the history. A
+        # Traefik not yet seen serving any beacon while records exist is checked as often: until
+        # it shows one, nothing written for it is paced (see `behind`).
+        if self._shown is None and self._store.records:
+            return True
         for view in self._views.values():
             latest = self._observed.latest_beacon(view.root)
             if view.state != "converged" or (latest is not None and latest.revision > view.applied_revision):
@@ -204,6 +210,9 @@ class TraefikObserver:
                        view.committed_revision, view.applied_revision)
             view.state, view.since = state, time.time()
             self._last_scan = 0.0  # a new state gets a fresh report
+            if self.state_changed is not None:
+                self.state_changed(view.root, state, f"traefik {state} on {view.root} (committed {view.committed_revision}, "
+                                   f"applied {view.applied_revision})")
         self._scan(view, now)
         view.router_errors = self._router_errors(view.root)
 

@@ -1,0 +1,93 @@
+"""The operator's status page: `/` and its parts under `/ui/`, server-rendered, updated live by a small script.
+
+Read-only: every route is a GET that changes nothing. Values that came from a push are
+attacker-controlled: the templates autoescape, links percent-encode names, and the script
+(`static/status.js`) sets text through `textContent` only. The headers that keep it so
+(`Content-Security-Policy` without inline scripts, `nosniff`) are added by the control server.
+"""
+
+from __future__ import annotations
+
+import json
+from importlib.resources import files
+from typing import Any
+
+from aiohttp import web
+from jinja2 import Environment, PackageLoader, select_autoescape
+
+from ..keys import IngressRef
+from .status_view import StatusView
+
+PARTS = ("overview", "convergence", "ingresses", "events")
+_STATIC = {"status.js": "text/javascript", "status.css": "text/css"}
+
+
+def _environment() -> Environment:
+    return Environment(
+        loader=PackageLoader("exporter.control", "templates"), autoescape=select_autoescape(["html"], default=True),
+        trim_blocks=True, lstrip_blocks=True,
+    )
+
+
+def _query(request: web.Request) -> tuple[str, bool, int]:
+    query = request.query.get("q", "")[:200]
+    bad = request.query.get("bad", "") == "1"
+    raw = request.query.get("page", "1")
+    return query, bad, int(raw) if raw.isdigit() else 1
+
+
+def status_routes(view: StatusView) -> list[web.RouteDef]:
+    """The page, its parts, `/ui/state.json` (what the live updates read) and the static files."""
+    env = _environment()
+    static = {name: (files("exporter.control") / "static" / name).read_bytes() for name in _STATIC}
+
+    def page(request: web.Request, parts: tuple[str, ...], title: str) -> web.Response:
+        query, bad, number = _query(request)
+        rows = view.rows()
+        html = env.get_template("page.html").render(
+            title=title, live=True, parts=parts, overview=view.overview(rows), roots=view.roots(),
+            page=view.page(query, bad, number, rows), query=query, bad=bad, events=view.events.recent(20),
+        )
+        return web.Response(text=html, content_type="text/html")
+
+    async def index(request: web.Request) -> web.Response:
+        return page(request, PARTS, "status")
+
+    async def part(request: web.Request) -> web.Response:
+        name = request.match_info["part"]
+        if name not in PARTS:
+            raise web.HTTPNotFound(text=f"no part {name!r}; the parts are {', '.join(PARTS)}")
+        return page(request, (name,), name)
+
+    async def ingress(request: web.Request) -> web.Response:
+        ref = IngressRef(request.match_info["authority"], request.match_info["id"])
+        detail = view.ingress(ref)
+        if detail is None:
+            raise web.HTTPNotFound(text="no such ingress")
+        html = env.get_template("ingress.html").render(
+            title=f"ingress {ref}", live=False, detail=detail, record_json=json.dumps(detail["record"], indent=2, sort_keys=True),
+        )
+        return web.Response(text=html, content_type="text/html")
+
+    async def state(request: web.Request) -> web.Response:
+        query, bad, number = _query(request)
+        rows = view.rows()
+        chosen = view.page(query, bad, number, rows)
+        body: dict[str, Any] = {
+            "overview": view.overview(rows), "roots": view.roots(),
+            "page": {"rows": [r.to_json() for r in chosen.rows], "total": chosen.total, "matching": chosen.matching,
+                     "page": chosen.page, "pages": chosen.pages},
+            "events": [e.to_json() for e in view.events.recent(20)],
+        }
+        return web.json_response(body)
+
+    async def asset(request: web.Request) -> web.Response:
+        name = request.match_info["name"]
+        if name not in static:
+            raise web.HTTPNotFound()
+        return web.Response(body=static[name], content_type=_STATIC[name], headers={"Cache-Control": "no-cache"})
+
+    return [
+        web.get("/", index), web.get("/ui/state.json", state), web.get("/ui/static/{name}", asset),
+        web.get("/ui/ingress/{authority}/{id}", ingress), web.get("/ui/{part}", part),
+    ]
