@@ -1,4 +1,4 @@
-"""Command line: `run`, `diff`, `render`. Thin: parses arguments and calls into the package."""
+"""Command line: `run`, `diff`, `render`, `status`. Thin: parses arguments and calls into the package."""
 
 from __future__ import annotations
 
@@ -117,6 +117,15 @@ def cmd_run(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_status(args: argparse.Namespace) -> int:
+    """Print the running daemon's overview, convergence and unhealthy ingresses."""
+    from .control.status_client import status
+
+    code, text = status(_settings(args))
+    (sys.stdout if code != 1 else sys.stderr).write(text)
+    return code
+
+
 def cmd_config_reference(_args: argparse.Namespace) -> int:
     """Print the configuration reference (docs/configuration.md)."""
     from .config import reference_markdown
@@ -158,6 +167,11 @@ def parser() -> argparse.ArgumentParser:
     render.add_argument("--config", "-c", help="exporter.yaml")
     render.add_argument("files", nargs="*", help="ingress files (in addition to the config's sources)")
     render.set_defaults(func=cmd_render)
+    status = sub.add_parser(
+        "status", help="the running daemon's state, roots and unhealthy ingresses (exit 0 all served, 2 not, 1 unreachable)"
+    )
+    status.add_argument("--config", "-c", help="exporter.yaml")
+    status.set_defaults(func=cmd_status)
     reference = sub.add_parser("config-reference", help="print the configuration reference as Markdown")
     reference.set_defaults(func=cmd_config_reference)
     return p

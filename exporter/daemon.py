@@ -225,7 +225,7 @@ class Daemon:
         )
         if self.observer is not None:
             self.observer.add_listener(self.reconciler.traefik_checked)
-            self.observer.state_changed = lambda _root, _state, text: self.events.add("traefik", text)
+            self.observer.state_changed = lambda root, state, _text: self.events.add("traefik", f"{state} on {root}")
         self.passive = _passive_monitor(settings, layout, passive, self.health, self._ingress, self.leadership)
         self.serving = Serving(
             layout, self.reconciler.ledger, lambda: self.reconciler.render_errors, self.observer, settings.api.served_timeout,

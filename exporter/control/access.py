@@ -28,7 +28,8 @@ CSP = (
 _Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 _LOGIN = """<!doctype html><html lang="en"><head><meta charset="utf-8"><title>log in · traefik-etcd-exporter</title>
-<link rel="stylesheet" href="/ui/static/status.css"></head><body><main><h1>traefik-etcd-exporter</h1>
+<link rel="stylesheet" href="/ui/static/status.css"><link rel="icon" href="/ui/static/favicon.svg"></head>
+<body><main><h1>traefik-etcd-exporter</h1>
 <form method="post" action="/ui/login"><label>API token <input type="password" name="token" autocomplete="off"></label>
 <button type="submit">Log in</button></form></main></body></html>"""
 
@@ -67,15 +68,15 @@ def token_required(token: str | None, jwt_secret: str | None, open_paths: Sequen
 
     @web.middleware
     async def middleware(request: web.Request, handler: _Handler) -> web.StreamResponse:
-        if _is_open(request.path, open_paths) or request.path in ("/ui/login", "/ui/static/status.css"):
+        if _is_open(request.path, open_paths) or request.path in ("/ui/login", "/ui/static/status.css", "/ui/static/favicon.svg"):
             return await handler(request)
         if hmac.compare_digest(request.cookies.get(COOKIE, ""), cookie):
             return await handler(request)
         try:
             auth.check(request.headers)
         except Unauthorized as exc:
-            if request.method == "GET" and "text/html" in request.headers.get("Accept", ""):
-                raise web.HTTPFound("/ui/login") from None
+            if "text/html" in request.headers.get("Accept", ""):
+                return web.Response(text=_LOGIN, content_type="text/html", status=401)
             return web.json_response(exc.to_json(), status=401)
         return await handler(request)
 

@@ -19,7 +19,7 @@ from ..keys import IngressRef
 from .status_view import StatusView
 
 PARTS = ("overview", "convergence", "ingresses", "events")
-_STATIC = {"status.js": "text/javascript", "status.css": "text/css"}
+_STATIC = {"status.js": "text/javascript", "status.css": "text/css", "favicon.svg": "image/svg+xml"}
 
 
 def _environment() -> Environment:
