@@ -21,7 +21,7 @@ from .control.convergence import convergence_routes
 from .control.events import EventRing, events_routes
 from .control.healthcheck import healthcheck_routes
 from .control.server import control_app
-from .control.status_page import status_routes
+from .control.status_page import StatusPages
 from .control.status_view import StatusView
 from .discovery import Discovery, registration_of
 from .errors import ConfigError, EtcdError
@@ -187,6 +187,36 @@ def _discovery(settings: Settings) -> Discovery | None:
                      ttl=d.ttl, heartbeat=heartbeat)
 
 
+def _status_view(daemon: Daemon) -> StatusView:
+    def role() -> dict[str, Any]:
+        if daemon.leadership is None:
+            return {"role": "leader (no election)", "leader": None}
+        return {"role": "leader" if daemon.leadership.is_leader() else "follower", "leader": daemon.leadership.leader}
+
+    return StatusView(
+        version=__version__, reconciler=daemon.reconciler, serving=daemon.serving, observer=daemon.observer,
+        health=daemon.health, events=daemon.events, readiness=daemon.readiness, role=role,
+        etcd_reachable=lambda: daemon.etcd.reachability().reachable,
+        discovery=lambda: daemon.discovery.registered if daemon.discovery is not None else None,
+    )
+
+
+def _control_server(daemon: Daemon) -> web.Application:
+    """The control server's application: monitoring, health, convergence, events and the status page."""
+    routes = healthcheck_routes(
+        daemon.health, lambda owner: daemon.reconciler.store.get(owner) is not None, daemon.health_headers
+    ) + convergence_routes(daemon.observer, daemon.reconciler.overlapping_roots, daemon.reconciler.backlog)
+    routes += events_routes(daemon.events) + StatusPages(daemon.status).routes()
+    settings = daemon.settings
+    middlewares = [security_headers()]
+    if not is_loopback(settings.control.listen):
+        # Beyond loopback the page and its JSON ask for the push API's credentials (monitoring paths stay open).
+        required, login = token_required(settings.api_token(), settings.api_jwt_secret(), settings.control.open_paths)
+        middlewares.append(required)
+        routes += login
+    return control_app(daemon.readiness, routes, middlewares)
+
+
 class Daemon:
     """One exporter process: reconciler, health engine, leadership, sources, control server."""
 
@@ -233,12 +263,7 @@ class Daemon:
         )
         self.files = IngressFiles(settings.sources.files, self.reconciler, settings.sources.max_file_bytes)
         self.discovery = _discovery(settings)
-        self.status = StatusView(
-            version=__version__, reconciler=self.reconciler, serving=self.serving, observer=self.observer, health=self.health,
-            events=self.events, readiness=self.readiness, role=self._role,
-            etcd_reachable=lambda: self.etcd.reachability().reachable,
-            discovery=lambda: self.discovery.registered if self.discovery is not None else None,
-        )
+        self.status = _status_view(self)
         self.stop_event = asyncio.Event()
         self.sources_applied = False
         self._stopping = False
@@ -304,19 +329,9 @@ class Daemon:
     async def start(self) -> None:
         """Serve the control API, sync with etcd, then apply the sources and serve the push API."""
         push_api = self._push_api()
-        routes = healthcheck_routes(
-            self.health, lambda owner: self.reconciler.store.get(owner) is not None, self._health_headers
-        ) + convergence_routes(self.observer, self.reconciler.overlapping_roots, self.reconciler.backlog)
-        routes += events_routes(self.events) + status_routes(self.status)
         control, api = self.settings.control, self.settings.api
         control_tls = _server_tls(control.tls_cert_file, control.tls_key_file, "control")
-        middlewares = [security_headers()]
-        if not is_loopback(control.listen):
-            # Beyond loopback the page and its JSON ask for the push API's credentials (monitoring paths stay open).
-            required, login = token_required(self.settings.api_token(), self.settings.api_jwt_secret(), control.open_paths)
-            middlewares.append(required)
-            routes += login
-        self._runners.append(await _serve(control_app(self.readiness, routes, middlewares), control.listen, control_tls))
+        self._runners.append(await _serve(_control_server(self), control.listen, control_tls))
         logger.info("control server on {}://{}", "https" if control_tls else "http", control.listen)
         if push_api is not None:
             api_tls = _server_tls(api.tls_cert_file, api.tls_key_file, "api")
@@ -362,7 +377,7 @@ class Daemon:
         logger.info("upstream CA file {} changed: rewriting the transports of {} ingresses", path, len(refs))
         self.reconciler.mark_dirty(refs, "ca-file")
 
-    def _health_headers(self) -> dict[str, str]:
+    def health_headers(self) -> dict[str, str]:
         # Which exporter's probes the answer reflects, and how old its newest document is.
         if self.leadership is None:
             return {}
@@ -370,11 +385,6 @@ class Daemon:
             return {"X-Health-Leader": self.leadership.identity, "X-Health-Age": "0"}
         leader, age = self.shared.leader_and_age() if self.shared else (None, None)
         return {"X-Health-Leader": leader or "", "X-Health-Age": "" if age is None else f"{age:.1f}"}
-
-    def _role(self) -> dict[str, Any]:
-        if self.leadership is None:
-            return {"role": "leader (no election)", "leader": None}
-        return {"role": "leader" if self.leadership.is_leader() else "follower", "leader": self.leadership.leader}
 
     def _leadership_changed(self, leader: bool) -> None:
         # Probing, repair and the periodic reconcile follow leadership.

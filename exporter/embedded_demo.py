@@ -17,7 +17,7 @@ import aiohttp
 from aiohttp import web
 from loguru import logger
 
-from .config import load_settings
+from .config import Settings, load_settings
 from .daemon import Daemon
 from .embedded import RECOMMENDED_ETCD_FLAGS, free_port, start_etcd, start_traefik
 from .logs import setup_logging
@@ -85,6 +85,25 @@ async def _wait_routed(url: str, host: str, deadline: float) -> bool:
     return False
 
 
+def _welcome(
+    settings: Settings, web_url: str, demo: str, ingress_file: Path, traefik_api: str, etcd_url: str, workdir: Path
+) -> str:
+    """What the first run prints: the status page first, then how to try it."""
+    return (
+        f"\nStatus page: http://{settings.control.listen}/\n\n"
+        f"Traefik routes {HOST} through keys the exporter wrote. Try:\n\n"
+        f"  curl -H 'Host: {HOST}' {web_url}/\n\n"
+        f"Take a backend down (its health check fails; its row on the status page turns red within\n"
+        f"a few seconds and Traefik stops sending it traffic), then bring it back:\n\n"
+        f"  curl -X POST {demo}/backends/backend-1/down\n"
+        f"  curl -X POST {demo}/backends/backend-1/up\n\n"
+        f"Edit {ingress_file} (raise `revision`) and it is applied live.\n"
+        f"Push API: http://{settings.api.listen}/v2/ingress   Traefik API: {traefik_api}/api/http/routers\n"
+        f"control: http://{settings.control.listen}/readyz   /v1/convergence   /v1/healthcheck   /v1/events\n"
+        f"etcd: {etcd_url}   logs: {workdir}\nCtrl-C stops everything.\n"
+    )
+
+
 async def run_embedded(config: Path | None) -> int:
     """Run the demo until Ctrl-C; returns the exit code."""
     workdir = Path(tempfile.mkdtemp(prefix="traefik-etcd-exporter-"))
@@ -116,20 +135,7 @@ async def run_embedded(config: Path | None) -> int:
         web_url = traefik.url(settings.default_entrypoints[0])
         if not await _wait_routed(web_url, HOST, time.monotonic() + 30):
             logger.error("Traefik did not route {} in 30 s; logs in {}", HOST, workdir)
-        print(
-            f"\nStatus page: http://{settings.control.listen}/\n\n"
-            f"Traefik routes {HOST} through keys the exporter wrote. Try:\n\n"
-            f"  curl -H 'Host: {HOST}' {web_url}/\n\n"
-            f"Take a backend down (its health check fails; its row on the status page turns red within\n"
-            f"a few seconds and Traefik stops sending it traffic), then bring it back:\n\n"
-            f"  curl -X POST {demo}/backends/backend-1/down\n"
-            f"  curl -X POST {demo}/backends/backend-1/up\n\n"
-            f"Edit {ingress_dir / 'demo.yaml'} (raise `revision`) and it is applied live.\n"
-            f"Push API: http://{settings.api.listen}/v2/ingress   Traefik API: {traefik.api}/api/http/routers\n"
-            f"control: http://{settings.control.listen}/readyz   /v1/convergence   /v1/healthcheck   /v1/events\n"
-            f"etcd: {etcd.url}   logs: {workdir}\nCtrl-C stops everything.\n",
-            flush=True,
-        )
+        print(_welcome(settings, web_url, demo, ingress_dir / "demo.yaml", traefik.api, etcd.url, workdir), flush=True)
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, daemon.stop_event.set)

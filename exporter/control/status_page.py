@@ -36,41 +36,57 @@ def _query(request: web.Request) -> tuple[str, bool, int]:
     return query, bad, int(raw) if raw.isdigit() else 1
 
 
-def status_routes(view: StatusView) -> list[web.RouteDef]:
-    """The page, its parts, `/ui/state.json` (what the live updates read) and the static files."""
-    env = _environment()
-    static = {name: (files("exporter.control") / "static" / name).read_bytes() for name in _STATIC}
+class StatusPages:
+    """The handlers of the page, its parts, `/ui/state.json` and the static files, over one view."""
 
-    def page(request: web.Request, parts: tuple[str, ...], title: str) -> web.Response:
+    def __init__(self, view: StatusView) -> None:
+        self._view = view
+        self._env = _environment()
+        self._static = {name: (files("exporter.control") / "static" / name).read_bytes() for name in _STATIC}
+
+    def routes(self) -> list[web.RouteDef]:
+        """Every route (all GETs: the page changes nothing)."""
+        return [
+            web.get("/", self.index), web.get("/ui/state.json", self.state), web.get("/ui/static/{name}", self.asset),
+            web.get("/ui/ingress/{authority}/{id}", self.ingress), web.get("/ui/{part}", self.part),
+        ]
+
+    def _page(self, request: web.Request, parts: tuple[str, ...], title: str) -> web.Response:
         query, bad, number = _query(request)
+        view = self._view
         rows = view.rows()
-        html = env.get_template("page.html").render(
+        html = self._env.get_template("page.html").render(
             title=title, live=True, parts=parts, overview=view.overview(rows), roots=view.roots(),
             page=view.page(query, bad, number, rows), query=query, bad=bad, events=view.events.recent(20),
         )
         return web.Response(text=html, content_type="text/html")
 
-    async def index(request: web.Request) -> web.Response:
-        return page(request, PARTS, "status")
+    async def index(self, request: web.Request) -> web.Response:
+        """`/`: every section."""
+        return self._page(request, PARTS, "status")
 
-    async def part(request: web.Request) -> web.Response:
+    async def part(self, request: web.Request) -> web.Response:
+        """`/ui/<part>`: one section."""
         name = request.match_info["part"]
         if name not in PARTS:
             raise web.HTTPNotFound(text=f"no part {name!r}; the parts are {', '.join(PARTS)}")
-        return page(request, (name,), name)
+        return self._page(request, (name,), name)
 
-    async def ingress(request: web.Request) -> web.Response:
+    async def ingress(self, request: web.Request) -> web.Response:
+        """`/ui/ingress/<authority>/<id>`: one ingress."""
         ref = IngressRef(request.match_info["authority"], request.match_info["id"])
-        detail = view.ingress(ref)
+        detail = self._view.ingress(ref)
         if detail is None:
             raise web.HTTPNotFound(text="no such ingress")
-        html = env.get_template("ingress.html").render(
+        html = self._env.get_template("ingress.html").render(
             title=f"ingress {ref}", live=False, detail=detail, record_json=json.dumps(detail["record"], indent=2, sort_keys=True),
         )
         return web.Response(text=html, content_type="text/html")
 
-    async def state(request: web.Request) -> web.Response:
+    async def state(self, request: web.Request) -> web.Response:
+        """`/ui/state.json`: what the live updates (and `status`) read."""
         query, bad, number = _query(request)
+        view = self._view
         rows = view.rows()
         chosen = view.page(query, bad, number, rows)
         body: dict[str, Any] = {
@@ -81,13 +97,9 @@ def status_routes(view: StatusView) -> list[web.RouteDef]:
         }
         return web.json_response(body)
 
-    async def asset(request: web.Request) -> web.Response:
+    async def asset(self, request: web.Request) -> web.Response:
+        """`/ui/static/<name>`: the script, the style sheet, the icon."""
         name = request.match_info["name"]
-        if name not in static:
+        if name not in self._static:
             raise web.HTTPNotFound()
-        return web.Response(body=static[name], content_type=_STATIC[name], headers={"Cache-Control": "no-cache"})
-
-    return [
-        web.get("/", index), web.get("/ui/state.json", state), web.get("/ui/static/{name}", asset),
-        web.get("/ui/ingress/{authority}/{id}", ingress), web.get("/ui/{part}", part),
-    ]
+        return web.Response(body=self._static[name], content_type=_STATIC[name], headers={"Cache-Control": "no-cache"})
