@@ -148,7 +148,7 @@ class CommitLedger:
 
         A record that committed alone (paced) wrote nothing Traefik reads: it does not count.
         """
-        newest_key = max((mod for keys in self._observed.objects_of(ref).values() for _v, mod in keys.values()), default=0)
+        newest_key = self._observed.newest_mod(ref)
         record = self.record_revision(ref)
         if self._record_only.get(ref) == record:
             record = 0

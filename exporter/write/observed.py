@@ -121,6 +121,15 @@ class Observed:
                 out[obj] = {k: self.keys[k] for k in self._objects[obj]}
         return out
 
+    def newest_mod(self, ref: IngressRef) -> int:
+        """The newest mod_revision among the ingress's observed keys (0: none), without copying them."""
+        prefix = self.layout.root(ref.authority) + "/"
+        keys = self.keys
+        return max(
+            (keys[k][1] for obj in self._owners.get(self.layout.object_key(ref), ()) if obj.startswith(prefix) for k in self._objects[obj]),
+            default=0,
+        )
+
     def server_urls(self, ref: IngressRef) -> frozenset[str]:
         """The server URLs the ingress's load balancers hold in etcd right now."""
         return frozenset(value for keys in self.objects_of(ref).values() for key, (value, _mod) in keys.items() if key.endswith("/url"))
