@@ -35,7 +35,7 @@ ingresses:
       servers:
         - {{url: "http://127.0.0.1:{port1}", weight: 1}}
         - {{url: "http://127.0.0.1:{port2}", weight: 1}}
-    health_check: {{enable: true, path: /health, interval: 2, max_retries: 1, max_wait_time: 1}}
+    health_check: {{enable: true, path: /health, interval: 2, max_retries: 1, max_wait_time: 1, initial_delay: 0}}
 """
 
 

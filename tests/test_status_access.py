@@ -125,7 +125,7 @@ async def test_events_and_status_report_a_refused_push_a_conflict_and_a_server_o
 
         async def reported() -> str | None:
             code, text = await asyncio.to_thread(status, running.settings)
-            return text if code == EXIT_NOT_SERVED else None
+            return text if code == EXIT_NOT_SERVED and f"out of rotation: {backend.url}" in text else None
 
         text = await eventually(reported, timeout=10)
         assert f"ingress {AUTHORITY}/{iid} r2" in text and f"out of rotation: {backend.url}" in text

@@ -14,6 +14,7 @@ from typing import Any, Protocol
 
 from ..errors import TemplateError
 from ..health.engine import HealthEngine
+from ..health.state import NodeHealth
 from ..ingress import Ingress
 from ..keys import IngressRef
 from ..store.records import Record
@@ -47,6 +48,9 @@ class ServerRow:
     routed: bool
     counters: dict[str, int] = field(default_factory=dict)
     ejected_until: str | None = None
+    # The last active probe: when (RFC 3339, UTC) and its outcome (success, http_failure, ...).
+    last_check: str | None = None
+    last_outcome: str | None = None
 
 
 @dataclass(frozen=True)
@@ -82,7 +86,8 @@ class IngressRow:
             "canary_weight": self.canary_weight, "healthy": self.healthy, "errors": self.errors,
             "servers": [
                 {"url": s.url, "group": s.group, "weight": s.weight, "status": s.status, "routed": s.routed,
-                 "counters": s.counters, "ejected_until": s.ejected_until}
+                 "counters": s.counters, "ejected_until": s.ejected_until, "last_check": s.last_check,
+                 "last_outcome": s.last_outcome}
                 for s in self.servers
             ],
         }
@@ -178,7 +183,7 @@ class StatusView:
         ejected = self._health.ejected(ref, ingress)
         checked = self._checked(ref)
         servers = [
-            self._server(url, group, weight, ejected, checked)
+            self._server(url, group, weight, ejected, checked, self._health.node(ref, url))
             for group, upstream in (("primary", ingress.upstream), ("canary", ingress.canary.upstream if ingress.canary else None))
             if upstream is not None
             for url, weight in _urls(upstream)
@@ -201,15 +206,23 @@ class StatusView:
         return out
 
     @staticmethod
-    def _server(url: str, group: str, weight: int, ejected: frozenset[str], checked: dict[str, dict[str, Any]]) -> ServerRow:
-        node = checked.get(url.split("://", 1)[-1].split("/", 1)[0])
+    def _server(
+        url: str, group: str, weight: int, ejected: frozenset[str], checked: dict[str, dict[str, Any]], probed: NodeHealth | None,
+    ) -> ServerRow:
+        node = checked.get(url.split("://", 1)[-1].split("/", 1)[0]) if checked else None
         until = None
         if node is not None and isinstance(ejection := node.get("passive_ejection"), dict) and ejection.get("until"):
-            until = datetime.fromtimestamp(float(ejection["until"]), UTC).isoformat(timespec="seconds")
+            until = _stamp(float(ejection["until"]))
         return ServerRow(
             url=url, group=group, weight=weight, status=node["status"] if node else "unchecked", routed=url not in ejected,
             counters=dict(node["counter"]) if node else {}, ejected_until=until,
+            last_check=_stamp(probed.checked_at) if probed is not None and probed.checked_at else None,
+            last_outcome=probed.last_outcome if probed is not None and probed.checked_at else None,
         )
+
+
+def _stamp(at: float) -> str:
+    return datetime.fromtimestamp(at, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
 def _urls(upstream: Any) -> list[tuple[str, int]]:

@@ -238,8 +238,9 @@ class HealthEngine:
                 if health is None:
                     continue
                 PROBES.labels(outcome).inc()
+                health.checked_at, health.last_outcome = time.time(), str(outcome)
                 if outcome == "success":
-                    health.success_at = time.time()
+                    health.success_at = health.checked_at
                 if health.record(outcome, now, limits):
                     TRANSITIONS.labels(health.state.value).inc()
                     logger.info("health: {} {} is now {} ({})", name, node.url, health.state.value, outcome)

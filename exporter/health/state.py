@@ -47,6 +47,9 @@ class NodeHealth:
     timeout_failure: int = 0
     # Wall-clock time of the last successful probe (a passive ejection that ended waits for one).
     success_at: float = 0.0
+    # Wall-clock time and outcome of the last probe (what the status page shows).
+    checked_at: float = 0.0
+    last_outcome: str = ""
 
     @property
     def routed(self) -> bool:

@@ -268,12 +268,15 @@ class TraefikObserver:
     def behind(self, root: str) -> bool:
         """True when this Traefik reads `root` and has not applied the newest commit on it.
 
-        False while that is unknown: Traefik unreachable, or not yet seen serving `root` (it
-        reads another root, or none of ours yet), so no root is held for a Traefik that never
-        applies it.
+        False while that is unknown: Traefik unreachable for longer than `max_lag` (a Traefik
+        busy rebuilding a large root may not answer its API for a few seconds: until then it
+        counts as still applying), or not yet seen serving `root` (it reads another root, or
+        none of ours yet), so no root is held for a Traefik that never applies it.
         """
         view = self._views.get(root)
-        if view is None or self._unreachable_since is not None or self._served_root != root:
+        if view is None or self._served_root != root:
+            return False
+        if self._unreachable_since is not None and time.monotonic() - self._unreachable_since > self._max_lag:
             return False
         latest = self._observed.latest_beacon(root)
         return latest is not None and latest.revision > view.applied_revision

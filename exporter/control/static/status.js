@@ -94,7 +94,14 @@
       const servers = el("td", "servers");
       for (const s of r.servers) {
         const div = el("div", "server " + (s.routed ? "routed" : "ejected"), s.url + " ");
-        div.appendChild(el("span", "verdict", s.status + (s.routed ? "" : ", out of rotation")));
+        let verdict = s.status + (s.routed ? "" : ", out of rotation");
+        if (s.last_check) {
+          verdict += " (last check " + s.last_check + " " + s.last_outcome + ")";
+        }
+        if (s.ejected_until) {
+          verdict += ", ejected until " + s.ejected_until;
+        }
+        div.appendChild(el("span", "verdict", verdict));
         servers.appendChild(div);
       }
       tr.appendChild(servers);

@@ -1,0 +1,72 @@
+"""`run --embedded`, as a new user tries it: the status page comes first and shows a demo backend taken down."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from typing import Any
+
+import aiohttp
+import pytest
+
+from tests.helpers import eventually
+
+pytestmark = pytest.mark.integration
+
+
+async def _lines_until(proc: subprocess.Popen[str], marker: str, timeout: float = 90) -> list[str]:
+    """The first-run text, read until `marker` (in a thread: the child writes while we wait)."""
+    assert proc.stdout is not None
+    stdout = proc.stdout
+    deadline = time.monotonic() + timeout
+    lines: list[str] = []
+    while marker not in "".join(lines):
+        if time.monotonic() > deadline or proc.poll() is not None:
+            raise AssertionError(f"no {marker!r} in: {''.join(lines)}")
+        lines.append(await asyncio.to_thread(stdout.readline))
+    return lines
+
+
+async def _state(http: aiohttp.ClientSession, page: str) -> dict[str, Any]:
+    async with http.get(f"{page}ui/state.json") as resp:
+        assert resp.status == 200
+        state: dict[str, Any] = await resp.json()
+        return state
+
+
+async def test_the_first_run_prints_the_status_page_first_and_a_downed_backend_turns_red(http: aiohttp.ClientSession) -> None:
+    env = {**os.environ, "EXPORTER_LOG__LEVEL": "WARNING"}
+    proc = subprocess.Popen([sys.executable, "-m", "exporter", "run", "--embedded"], stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        text = "".join(await _lines_until(proc, "Ctrl-C stops everything"))
+        first = next(line for line in text.splitlines() if line.strip())
+        page = re.fullmatch(r"Status page: (http://127\.0\.0\.1:\d+/)", first)
+        assert page is not None, text
+        down = re.search(r"curl -X POST (http://127\.0\.0\.1:\d+/backends/backend-1/down)", text)
+        assert down is not None, text
+
+        async def converged_and_healthy() -> dict[str, Any] | None:
+            state = await _state(http, page.group(1))
+            ok = state["roots"] and state["roots"][0]["state"] == "converged" and state["page"]["rows"]
+            return state if ok and all(s["routed"] for s in state["page"]["rows"][0]["servers"]) else None
+
+        state = await eventually(converged_and_healthy, timeout=30)
+        assert state["overview"]["ingresses"] == 1 and state["page"]["rows"][0]["id"] == "whoami"
+        async with http.post(down.group(1)) as resp:
+            assert resp.status == 200
+        started = time.monotonic()
+
+        async def backend_1_out() -> bool:
+            servers = (await _state(http, page.group(1)))["page"]["rows"][0]["servers"]
+            return [s["routed"] for s in servers] == [False, True]
+
+        await eventually(backend_1_out, timeout=15)
+        assert time.monotonic() - started <= 2 + 2  # the demo's health interval, then a margin
+    finally:
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(30) == 0
