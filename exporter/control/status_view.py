@@ -17,6 +17,7 @@ from ..health.engine import HealthEngine
 from ..health.state import NodeHealth
 from ..ingress import Ingress
 from ..keys import IngressRef
+from ..plan.format import redact
 from ..store.records import Record
 from ..traefik.observer import TraefikObserver
 from ..traefik.serving import Serving
@@ -169,7 +170,9 @@ class StatusView:
         if record is None:
             return None
         try:
-            keys, diff = self._reconciler.rendered_keys(ref), self._reconciler.preview_one(ref)
+            # Rendered values pass through the diff's redaction (private keys, check headers).
+            keys = {k: redact(v) for k, v in self._reconciler.rendered_keys(ref).items()}
+            diff = self._reconciler.preview_one(ref)
         except TemplateError as exc:
             keys, diff = {}, f"not rendered: {exc.title}"
         return {"row": self._row(record), "record": redacted(record.ingress), "keys": keys, "diff": diff,
