@@ -48,7 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.common import HEADERS, ROOT_KEY, body, ingress_keys, make_records, median, pct, start_daemon, wait_up
 from bench.push_api import cpu_seconds
-from bench.traefik_cost import _until_idle, _until_listed
+from bench.traefik_cost import until_idle, until_listed
 from exporter.embedded import RECOMMENDED_ETCD_FLAGS, EmbeddedEtcd, EmbeddedTraefik, start_etcd, start_traefik
 from exporter.etcd.client import EtcdClient
 from exporter.etcd.types import Op
@@ -110,18 +110,18 @@ async def _bulk(session: aiohttp.ClientSession, base: str, traefik: EmbeddedTrae
                 raise RuntimeError(f"bulk answered {resp.status}: {await resp.text()}")
     last = time.monotonic()
     later = asyncio.create_task(_later_push(session, base, traefik, last + 5))
-    await _until_listed(traefik, f"{AUTHORITY}_i{n - 1}@etcd")
-    await _until_idle(traefik)
+    await until_listed(traefik, f"{AUTHORITY}_i{n - 1}@etcd")
+    await until_idle(traefik)
     run.figures["bulk idle after last 204"] = time.monotonic() - last
     run.figures["bulk later push listed"] = await later
-    await _until_idle(traefik)
+    await until_idle(traefik)
 
 
 async def _later_push(session: aiohttp.ClientSession, base: str, traefik: EmbeddedTraefik, at: float) -> float:
     await asyncio.sleep(max(0.0, at - time.monotonic()))
     name, _ = await _push(session, base, itertools.count(2_000_000))
     started = time.monotonic()
-    await _until_listed(traefik, name)
+    await until_listed(traefik, name)
     return time.monotonic() - started
 
 
@@ -132,10 +132,10 @@ async def _floor(etcd: EmbeddedEtcd, traefik: EmbeddedTraefik, n: int) -> float:
     renamed = [(k.replace(f"{AUTHORITY}_i{n}", "bare_floor"), v) for k, v in keys]
     async with EtcdClient([etcd.url]) as client:
         await client.txn([], [Op(k, v) for k, v in renamed])
-        listed = await _until_listed(traefik, "bare_floor@etcd")
-        await _until_idle(traefik)
+        listed = await until_listed(traefik, "bare_floor@etcd")
+        await until_idle(traefik)
         await client.txn([], [Op(k, None) for k, _ in renamed])
-    await _until_idle(traefik)
+    await until_idle(traefik)
     return listed
 
 
@@ -274,7 +274,7 @@ async def one_run(n: int, duration: float, clients: int, log: Path | None = None
             floor = await _floor(etcd, traefik, n)
             run.figures["D"] = floor
             await _busy(session, base, etcd, run)
-            await _until_idle(traefik)
+            await until_idle(traefik)
             pids = {"traefik": traefik.proc.pid, "daemon": daemon, "etcd": etcd.proc.pid}
             before = {name: cpu_seconds(pid) for name, pid in pids.items()}
             await _steady(session, base, etcd, traefik, run, duration, clients, n)

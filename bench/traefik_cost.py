@@ -41,7 +41,7 @@ async def _listed(traefik: EmbeddedTraefik, router: str) -> bool:
         return resp.status == 200
 
 
-async def _until_listed(traefik: EmbeddedTraefik, router: str, timeout: float = 600) -> float:
+async def until_listed(traefik: EmbeddedTraefik, router: str, timeout: float = 600) -> float:
     """Until Traefik lists `router` (it applies a configuration whole: the others with it); seconds taken."""
     started = time.monotonic()
     while not await _listed(traefik, router):
@@ -51,7 +51,7 @@ async def _until_listed(traefik: EmbeddedTraefik, router: str, timeout: float = 
     return time.monotonic() - started
 
 
-async def _until_idle(traefik: EmbeddedTraefik, timeout: float = 900) -> float:
+async def until_idle(traefik: EmbeddedTraefik, timeout: float = 900) -> float:
     """Until Traefik spends less than IDLE_CPU per half second; the CPU seconds it spent meanwhile."""
     started, spent = time.monotonic(), 0.0
     while time.monotonic() - started < timeout:
@@ -95,13 +95,13 @@ async def kv_run(n: int) -> tuple[float, float]:
         await raw_write(etcd.url, exporter_keys(records[:n]), 8)
         traefik = start_traefik(Path(tmp), etcd.url, ROOT, ["web"])
         try:
-            await _until_listed(traefik, f"bench_i{n - 1}@etcd")
-            await _until_idle(traefik)
+            await until_listed(traefik, f"bench_i{n - 1}@etcd")
+            await until_idle(traefik)
             async with EtcdClient([etcd.url]) as client:
                 before = cpu_seconds(traefik.proc.pid)
                 await client.txn([], [Op(k, v) for k, v in one_more])
-                listed = await _until_listed(traefik, f"bench_i{n}@etcd")
-                await _until_idle(traefik)
+                listed = await until_listed(traefik, f"bench_i{n}@etcd")
+                await until_idle(traefik)
                 return listed, cpu_seconds(traefik.proc.pid) - before
         finally:
             traefik.stop()
@@ -115,14 +115,14 @@ async def file_run(n: int) -> tuple[float, float]:
         traefik = start_traefik(Path(tmp), etcd.url, "traefik/unused", ["web"],
                                 extra_args=[f"--providers.file.filename={path}", "--providers.file.watch=true"])
         try:
-            await _until_listed(traefik, f"bench_i{n - 1}@file")
-            await _until_idle(traefik)
+            await until_listed(traefik, f"bench_i{n - 1}@file")
+            await until_idle(traefik)
             bigger = Path(tmp) / "dynamic.next"
             bigger.write_text(json.dumps(dynamic_config(exporter_keys(records))))
             before = cpu_seconds(traefik.proc.pid)
             os.replace(bigger, path)
-            listed = await _until_listed(traefik, f"bench_i{n}@file")
-            await _until_idle(traefik)
+            listed = await until_listed(traefik, f"bench_i{n}@file")
+            await until_idle(traefik)
             return listed, cpu_seconds(traefik.proc.pid) - before
         finally:
             traefik.stop()

@@ -205,7 +205,7 @@ def _control_server(daemon: Daemon) -> web.Application:
     """The control server's application: monitoring, health, convergence, events and the status page."""
     routes = healthcheck_routes(
         daemon.health, lambda owner: daemon.reconciler.store.get(owner) is not None, daemon.health_headers
-    ) + convergence_routes(daemon.observer, daemon.reconciler.overlapping_roots, daemon.reconciler.backlog)
+    ) + convergence_routes(daemon.observer, daemon.reconciler.overlapping_roots, daemon.reconciler.pacer.backlog)
     routes += events_routes(daemon.events) + StatusPages(daemon.status).routes()
     settings = daemon.settings
     middlewares = [security_headers()]

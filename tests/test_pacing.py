@@ -13,12 +13,11 @@ import pytest
 
 from exporter.etcd.types import Compare
 from exporter.keys import IngressRef
-from exporter.plan.planner import Planner
-from exporter.reconcile import Cadence, Collaborators, Reconciler, Removal
-from exporter.render.renderer import Renderer
+from exporter.reconcile import Reconciler, Removal
 from tests.fake_etcd import FakeEtcd
 from tests.helpers import AUTHORITY, eventually, record, uid
-from tests.test_reconcile_fake import CERT, LAYOUT, ROOT, UP, Leader, rule_key
+from tests.test_reconcile_fake import LAYOUT, ROOT, UP, Leader, elected_etcd, rule_key
+from tests.test_reconcile_fake import running as fake_running
 
 BEACON = LAYOUT.beacon_key(ROOT)
 
@@ -48,27 +47,20 @@ async def running(
     etcd: FakeEtcd, traefik: Traefik | None, *, leader: Leader | None = None, hold_max: float = 30.0
 ) -> AsyncIterator[Reconciler]:
     """A reconciler paced to `traefik` (None: no Traefik to ask, never paced)."""
-    rec = Reconciler(
-        etcd=etcd, layout=LAYOUT, planner=Planner(Renderer(LAYOUT, ["web"]), LAYOUT, CERT),
-        shared=Collaborators(leader=leader, behind=traefik.behind if traefik else None),
-        cadence=Cadence(coalesce_window=0.0, reconcile_interval=3600, pace_hold_max=hold_max),
-    )
-    if traefik is not None:
-        traefik.reconciler = rec
-    await rec.start()
-    await rec.wait_synced(5)
-    try:
+
+    def attach(rec: Reconciler) -> None:
+        if traefik is not None:
+            traefik.reconciler = rec
+
+    async with fake_running(
+        etcd, leader=leader, behind=traefik.behind if traefik else None, pace_hold_max=hold_max, built=attach
+    ) as rec:
         yield rec
-    finally:
-        await rec.stop()
 
 
 @pytest.fixture
 async def etcd() -> FakeEtcd:
-    fake = FakeEtcd()
-    await fake.put("records.leader", "me")
-    fake._kv["records.leader"].create_revision = 7
-    return fake
+    return await elected_etcd()
 
 
 async def until(check: Callable[[], bool], timeout: float = 5.0) -> None:
@@ -114,14 +106,14 @@ async def test_while_traefik_is_behind_records_commit_alone_and_the_held_keys_go
             assert etcd.value(LAYOUT.record_key(ref(iid))) is not None
             assert etcd.value(rule_key(iid)) is None and rec.keys_pending(ref(iid))
         assert root_txns(etcd, before) == []
-        assert rec.backlog(ROOT).ingresses == len(later)
+        assert rec.pacer.backlog(ROOT).ingresses == len(later)
         assert etcd.revision == revision + len(later)  # one record each, nothing else
 
         traefik.apply()
         await until(lambda: all(etcd.value(rule_key(i)) is not None for i in later))
         assert len(root_txns(etcd, before)) == 1  # every held ingress in one revision under the root
         assert not any(rec.keys_pending(ref(i)) for i in later)
-        assert rec.backlog(ROOT).ingresses == 0
+        assert rec.pacer.backlog(ROOT).ingresses == 0
         # What Traefik must apply for them to be served is the keys' revision, not the records'.
         assert {rec.ledger.revision_of(ref(i)) for i in later} == {etcd.revision}
 

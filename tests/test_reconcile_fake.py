@@ -7,7 +7,7 @@ in test_writer_invariants.py, test_recovery.py and test_sidecars.py.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 
 import pytest
@@ -47,13 +47,16 @@ class Leader:
 
 @contextlib.asynccontextmanager
 async def running(
-    etcd: FakeEtcd, *, leader: Leader | None = None, ejections: Ejections | None = None, renderer: Renderer | None = None
+    etcd: FakeEtcd, *, leader: Leader | None = None, ejections: Ejections | None = None, renderer: Renderer | None = None,
+    behind: Callable[[str], bool] | None = None, pace_hold_max: float = 30.0, built: Callable[[Reconciler], None] | None = None,
 ) -> AsyncIterator[Reconciler]:
     planner = Planner(renderer or Renderer(LAYOUT, ["web"]), LAYOUT, CERT)
     rec = Reconciler(
-        etcd=etcd, layout=LAYOUT, planner=planner, shared=Collaborators(leader=leader, ejections=ejections),
-        cadence=Cadence(coalesce_window=0.0, reconcile_interval=3600),
+        etcd=etcd, layout=LAYOUT, planner=planner, shared=Collaborators(leader=leader, ejections=ejections, behind=behind),
+        cadence=Cadence(coalesce_window=0.0, reconcile_interval=3600, pace_hold_max=pace_hold_max),
     )
+    if built is not None:
+        built(rec)
     await rec.start()
     await rec.wait_synced(5)
     try:
@@ -62,13 +65,17 @@ async def running(
         await rec.stop()
 
 
-@pytest.fixture
-async def etcd() -> FakeEtcd:
+async def elected_etcd() -> FakeEtcd:
+    """An in-memory etcd holding the election key the leader's fence compares (create_revision 7 is forced)."""
     fake = FakeEtcd()
-    # The election key the leader's fence compares (create_revision 7 is forced below).
     await fake.put("records.leader", "me")
     fake._kv["records.leader"].create_revision = 7
     return fake
+
+
+@pytest.fixture
+async def etcd() -> FakeEtcd:
+    return await elected_etcd()
 
 
 def rule_key(iid: str) -> str:

@@ -14,6 +14,7 @@ from typing import Any, Protocol
 
 from ..errors import TemplateError
 from ..health.engine import HealthEngine
+from ..health.passive import members_of
 from ..health.state import NodeHealth
 from ..ingress import Ingress
 from ..keys import IngressRef
@@ -44,7 +45,7 @@ class ServerRow:
 
     url: str
     group: str  # primary or canary
-    weight: int
+    weight: float
     status: str  # healthy, unhealthy, mostly_healthy, mostly_unhealthy, unchecked
     routed: bool
     counters: dict[str, int] = field(default_factory=dict)
@@ -187,9 +188,8 @@ class StatusView:
         checked = self._checked(ref)
         servers = [
             self._server(url, group, weight, ejected, checked, self._health.node(ref, url))
-            for group, upstream in (("primary", ingress.upstream), ("canary", ingress.canary.upstream if ingress.canary else None))
-            if upstream is not None
-            for url, weight in _urls(upstream)
+            for group, members in members_of(ingress)
+            for url, weight in members
         ]
         canary = None
         if ingress.canary is not None:
@@ -210,7 +210,7 @@ class StatusView:
 
     @staticmethod
     def _server(
-        url: str, group: str, weight: int, ejected: frozenset[str], checked: dict[str, dict[str, Any]], probed: NodeHealth | None,
+        url: str, group: str, weight: float, ejected: frozenset[str], checked: dict[str, dict[str, Any]], probed: NodeHealth | None,
     ) -> ServerRow:
         node = checked.get(url.split("://", 1)[-1].split("/", 1)[0]) if checked else None
         until = None
@@ -226,14 +226,6 @@ class StatusView:
 
 def _stamp(at: float) -> str:
     return datetime.fromtimestamp(at, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
-
-
-def _urls(upstream: Any) -> list[tuple[str, int]]:
-    servers = getattr(upstream, "servers", None)
-    if servers is not None:
-        return [(s.url, s.weight) for s in servers]
-    instances = getattr(upstream, "instances", None) or []
-    return [(i.url, getattr(i, "weight", 1)) for i in instances]
 
 
 def redacted(ingress: Ingress) -> dict[str, Any]:

@@ -49,6 +49,46 @@ LAG = Histogram(
 )
 
 
+class Prober:
+    """Probes one node of a target, at most `concurrency` at once; a plugin that raises is a failed probe."""
+
+    def __init__(self, concurrency: int) -> None:
+        self._limit = asyncio.Semaphore(concurrency)
+        # Targets and nodes whose plugin raised (logged once, until it answers again).
+        self._raising: set[str] = set()
+
+    def forget(self, target_name: str) -> None:
+        """A target is gone: forget its raising nodes."""
+        if self._raising:
+            self._raising = {w for w in self._raising if not w.startswith(target_name + " ")}
+
+    async def probe(self, target: CheckerTarget, node: Node) -> Any:
+        """The outcome of one probe of `node`."""
+        async with self._limit:
+            if target.probe is not None:
+                return await self._plugin_probe(target, node)
+            if target.check.type == "tcp":
+                return await tcp_probe(node, target.check)
+            return await http_probe(node, target.check)
+
+    async def _plugin_probe(self, target: CheckerTarget, node: Node) -> Any:
+        # A plugin's probe that raises is a failed probe of that node; checking goes on.
+        assert target.probe is not None
+        where = f"{target.name} {node.url}"
+        try:
+            outcome = await target.probe(node, target.check)
+        except Exception as exc:  # noqa: BLE001 - a broken plugin must not stop checking its target
+            PLUGIN_ERRORS.labels(target.plugin or "unnamed").inc()
+            if where not in self._raising:
+                self._raising.add(where)
+                logger.opt(exception=exc).error("health: plugin {} raised probing {}; counted as a failed probe", target.plugin, where)
+            return "tcp_failure" if target.check.type == "tcp" else "http_failure"
+        if where in self._raising:
+            self._raising.discard(where)
+            logger.info("health: plugin {} probes {} again", target.plugin, where)
+        return outcome
+
+
 class HealthEngine:
     """Node states for every checked ingress; `ejected()` is what rendering leaves out."""
 
@@ -73,7 +113,7 @@ class HealthEngine:
         self.kinds = kinds
         self._replan = replan
         self._clock = clock
-        self._limit = asyncio.Semaphore(concurrency)
+        self._prober = Prober(concurrency)
         self._checked: dict[IngressRef, dict[str, report.Checked]] = {}
         self._running = False
         self._shared = shared
@@ -81,8 +121,6 @@ class HealthEngine:
         self.passive = passive
         self._transitions = transitions
         self._supervisor = supervisor if supervisor is not None else Supervisor()
-        # Targets whose plugin probe raised, until it answers again (logged once, not per probe).
-        self._raising: set[str] = set()
 
     # ----- targets
 
@@ -118,8 +156,7 @@ class HealthEngine:
         for gone in old.values():
             if gone.task is not None:
                 gone.task.cancel()
-            if self._raising:
-                self._raising = {w for w in self._raising if not w.startswith(gone.target.name + " ")}
+            self._prober.forget(gone.target.name)
         if ingress is None and self.passive is not None:
             self.passive.forget(owner)
         if new:
@@ -230,7 +267,7 @@ class HealthEngine:
                 return
             LAG.observe(max(0.0, self._clock() - due))
             target, check = checked.target, checked.target.check
-            outcomes = await asyncio.gather(*(self._probe(target, node) for node in target.nodes))
+            outcomes = await asyncio.gather(*(self._prober.probe(target, node) for node in target.nodes))
             now = self._clock()
             limits = Thresholds(successes=1, failures=check.max_retries, initial_delay=check.initial_delay)
             for node, outcome in zip(target.nodes, outcomes, strict=True):
@@ -248,31 +285,6 @@ class HealthEngine:
                         self.routing_changed(owner, node.url, health.routed, f"active: {outcome}")
             due += check.interval * random.uniform(0.95, 1.05)
             due = max(due, self._clock())
-
-    async def _probe(self, target: CheckerTarget, node: Node) -> Any:
-        async with self._limit:
-            if target.probe is not None:
-                return await self._plugin_probe(target, node)
-            if target.check.type == "tcp":
-                return await tcp_probe(node, target.check)
-            return await http_probe(node, target.check)
-
-    async def _plugin_probe(self, target: CheckerTarget, node: Node) -> Any:
-        # A plugin's probe that raises is a failed probe of that node; checking goes on.
-        assert target.probe is not None
-        where = f"{target.name} {node.url}"
-        try:
-            outcome = await target.probe(node, target.check)
-        except Exception as exc:  # noqa: BLE001 - a broken plugin must not stop checking its target
-            PLUGIN_ERRORS.labels(target.plugin or "unnamed").inc()
-            if where not in self._raising:
-                self._raising.add(where)
-                logger.opt(exception=exc).error("health: plugin {} raised probing {}; counted as a failed probe", target.plugin, where)
-            return "tcp_failure" if target.check.type == "tcp" else "http_failure"
-        if where in self._raising:
-            self._raising.discard(where)
-            logger.info("health: plugin {} probes {} again", target.plugin, where)
-        return outcome
 
     def count_states(self) -> None:
         """Refresh the nodes-by-state gauge (from the published states on a follower)."""

@@ -71,17 +71,20 @@ class Ejection:
         return {"until": self.until, "n": self.n, "at": self.at, "expired_at": self.expired_at}
 
 
-def groups_of(ingress: Ingress) -> list[tuple[str, list[str]]]:
-    """(group label, server or instance URLs) of each upstream group."""
+def members_of(ingress: Ingress) -> list[tuple[str, list[tuple[str, float]]]]:
+    """(group label, (server or instance URL, weight) of each member) of each upstream group."""
     out = []
     for label, upstream in (("primary", ingress.upstream), ("canary", ingress.canary.upstream if ingress.canary else None)):
         if upstream is None:
             continue
-        if isinstance(upstream, AiProxyMultiUpstream):
-            out.append((label, [i.url for i in upstream.instances]))
-        else:
-            out.append((label, [s.url for s in upstream.servers]))
+        members = upstream.instances if isinstance(upstream, AiProxyMultiUpstream) else upstream.servers
+        out.append((label, [(m.url, m.weight) for m in members]))
     return out
+
+
+def groups_of(ingress: Ingress) -> list[tuple[str, list[str]]]:
+    """(group label, server or instance URLs) of each upstream group."""
+    return [(label, [url for url, _ in members]) for label, members in members_of(ingress)]
 
 
 def group_of(ingress: Ingress | None, url: str) -> str:

@@ -29,7 +29,7 @@ from ..store.revisions import classify_remove, classify_upsert
 from ..supervisor import Supervisor
 from ..write.ledger import CommitLedger
 from ..write.observed import Observed
-from ..write.pacer import Backlog, Pacer
+from ..write.pacer import Pacer
 from ..write.writer import Writer
 from .commit import Committer
 from .inbox import Inbox
@@ -258,10 +258,6 @@ class Reconciler:
         record = self.store.latest(ref)
         view = {ref: record} if record is not None else {}
         return format_plan(self._planner.plan(view, self.observed, [ref], self._ejections, include_roots=False))
-
-    def backlog(self, root: str) -> Backlog:
-        """The keys held on `root` for its Traefik."""
-        return self.pacer.backlog(root)
 
     def mark_dirty(self, refs: Sequence[IngressRef], reason: str) -> None:
         """Re-plan these ingresses soon; `reason` (health, drift, ...) is logged with each change."""

@@ -86,6 +86,38 @@ class RootConvergence:
         }
 
 
+class Checks:
+    """Who hears of every check of Traefik: listeners called after it, and waiters woken by it."""
+
+    def __init__(self) -> None:
+        self._checked = asyncio.Condition()
+        self.waiters = 0
+        self._listeners: list[Callable[[], None]] = []
+
+    def add_listener(self, listener: Callable[[], None]) -> None:
+        """Call `listener` after every check."""
+        self._listeners.append(listener)
+
+    async def done(self) -> None:
+        """A check is done: tell the listeners, wake the waiters."""
+        for listener in self._listeners:
+            listener()
+        async with self._checked:
+            self._checked.notify_all()
+
+    async def wait_until(self, done: Callable[[], bool], timeout: float) -> bool:
+        """Check `done` after every check; False after `timeout` s."""
+        self.waiters += 1
+        try:
+            async with self._checked:
+                await asyncio.wait_for(self._checked.wait_for(done), timeout)
+        except TimeoutError:
+            return False
+        finally:
+            self.waiters -= 1
+        return True
+
+
 class TraefikObserver:
     """Follows one Traefik through its API; `roots()`, `served()`, `wait_served()` and `readiness()` report it."""
 
@@ -105,9 +137,7 @@ class TraefikObserver:
         self._unreachable_since: float | None = None
         self._broken: list[dict[str, Any]] = []
         self._last_poll = self._last_routers = self._last_scan = 0.0
-        self._checked = asyncio.Condition()
-        self._waiters = 0
-        self._listeners: list[Callable[[], None]] = []
+        self._checks = Checks()
         # Told of every change of a root's state: (root, new state, a sentence).
         self.state_changed: Callable[[str, State, str], None] | None = None
 
@@ -118,11 +148,11 @@ class TraefikObserver:
         try:
             while True:
                 now = time.monotonic()
-                every = _WAITED if self._waiters else _FAST if self._behind() else self._poll_interval
+                every = _WAITED if self._checks.waiters else _FAST if self._behind() else self._poll_interval
                 if now - self._last_poll >= every:
                     self._last_poll = now
                     await self._poll(now)
-                await asyncio.sleep(_WAITED if self._waiters else _FAST)
+                await asyncio.sleep(_WAITED if self._checks.waiters else _FAST)
         finally:
             await self.api.close()
 
@@ -154,14 +184,11 @@ class TraefikObserver:
         if self._shown is not None:
             self._served_root = self._shown.partition(" ")[0]
         self._update(now)
-        for listener in self._listeners:
-            listener()
-        async with self._checked:
-            self._checked.notify_all()
+        await self._checks.done()
 
     def add_listener(self, listener: Callable[[], None]) -> None:
         """Call `listener` after every check of Traefik (the pacer flushes what Traefik has room for)."""
-        self._listeners.append(listener)
+        self._checks.add_listener(listener)
 
     # ----- states
 
@@ -294,15 +321,7 @@ class TraefikObserver:
 
     async def wait_until(self, done: Callable[[], bool], timeout: float) -> bool:
         """Check `done` after every check of Traefik (every 10 ms while anyone waits); False after `timeout` s."""
-        self._waiters += 1
-        try:
-            async with self._checked:
-                await asyncio.wait_for(self._checked.wait_for(done), timeout)
-        except TimeoutError:
-            return False
-        finally:
-            self._waiters -= 1
-        return True
+        return await self._checks.wait_until(done, timeout)
 
     async def wait_served(self, targets: Mapping[str, int], timeout: float) -> None:
         """Until Traefik has applied each root at its revision; NotServedInTime after `timeout` s."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
@@ -61,21 +62,17 @@ class Serving:
         if observer is None:
             return
         refs = list(refs)
-
-        def unserved() -> tuple[IngressRef, int, bool] | None:
-            # Keys held by the pacer first: until they are written there is no revision to wait for.
-            for ref in refs:
-                if self._pending(ref):
-                    return ref, 0, True
-            for ref in refs:
-                revision = self.committed_revision(ref)
-                if revision and not observer.served(self._layout.root(ref.authority), revision):
-                    return ref, revision, False
-            return None
-
-        if not await observer.wait_until(lambda: unserved() is None, self._timeout):
-            late = unserved()
-            if late is not None:
-                ref, revision, pending = late
-                waiting = sum(1 for r in refs if self._pending(r)) if pending else 0
-                raise observer.not_served(self._layout.root(ref.authority), revision, waiting)
+        deadline = time.monotonic() + self._timeout
+        # Keys held by the pacer first: until they are written there is no revision to wait for.
+        if not await observer.wait_until(lambda: not any(self._pending(r) for r in refs), self._timeout):
+            waiting = [r for r in refs if self._pending(r)]
+            if waiting:
+                raise observer.not_served(self._layout.root(waiting[0].authority), 0, len(waiting))
+        targets: dict[str, int] = {}
+        for ref in refs:
+            revision = self.committed_revision(ref)
+            if revision:
+                root = self._layout.root(ref.authority)
+                targets[root] = max(targets.get(root, 0), revision)
+        if targets:
+            await observer.wait_served(targets, max(0.0, deadline - time.monotonic()))
