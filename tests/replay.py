@@ -33,7 +33,8 @@ def dangling(kv: dict[str, str], root: str) -> list[str]:
     return [f"{key} -> {name}" for key, kind, name in refs if "@" not in name and name not in present[kind]]
 
 
-def _owner(key: str, root: str) -> str:
+def owner_of(key: str, root: str) -> str:
+    """The ingress (`<authority>_<id>`) an exporter key under `root` belongs to."""
     parts = key[len(root) + 1 :].split("/")
     name = parts[2] if len(parts) > 2 else ""
     return "_".join(name.split("_", 2)[:2])
@@ -89,11 +90,11 @@ async def replay(etcd_url: str, root: str, start: int) -> tuple[list[str], int]:
         # each revision is checked on the ingresses it touched: cost follows the change, not the root.
         by_owner: dict[str, set[str]] = defaultdict(set)
         for key in state:
-            by_owner[_owner(key, root)].add(key)
+            by_owner[owner_of(key, root)].add(key)
         for rev in sorted(by_rev):
             touched = set()
             for key, value in by_rev[rev]:
-                owner = _owner(key, root)
+                owner = owner_of(key, root)
                 touched.add(owner)
                 if value is None:
                     state.pop(key, None)

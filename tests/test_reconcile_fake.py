@@ -6,6 +6,7 @@ in test_writer_invariants.py, test_recovery.py and test_sidecars.py.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
@@ -22,6 +23,7 @@ from exporter.render.renderer import BUILTIN_TEMPLATES, Renderer
 from exporter.render.root_keys import DefaultCertificate
 from exporter.roles import Ejections
 from exporter.sources.api import status_of
+from exporter.store.records import decode_record
 from tests.fake_etcd import FakeEtcd
 from tests.helpers import AUTHORITY, eventually, record, uid
 
@@ -49,11 +51,12 @@ class Leader:
 async def running(
     etcd: FakeEtcd, *, leader: Leader | None = None, ejections: Ejections | None = None, renderer: Renderer | None = None,
     behind: Callable[[str], bool] | None = None, pace_hold_max: float = 30.0, built: Callable[[Reconciler], None] | None = None,
+    coalesce_window: float = 0.0,
 ) -> AsyncIterator[Reconciler]:
     planner = Planner(renderer or Renderer(LAYOUT, ["web"]), LAYOUT, CERT)
     rec = Reconciler(
         etcd=etcd, layout=LAYOUT, planner=planner, shared=Collaborators(leader=leader, ejections=ejections, behind=behind),
-        cadence=Cadence(coalesce_window=0.0, reconcile_interval=3600, pace_hold_max=pace_hold_max),
+        cadence=Cadence(coalesce_window=coalesce_window, reconcile_interval=3600, pace_hold_max=pace_hold_max),
     )
     if built is not None:
         built(rec)
@@ -139,6 +142,33 @@ async def test_a_newer_record_a_peer_committed_makes_the_request_stale_and_is_ad
         assert info.value.data == {"authority": AUTHORITY, "id": iid, "stored_revision": 3}
         stored = rec.store.get(IngressRef(AUTHORITY, iid))
         assert stored is not None and stored.revision == 3
+        assert etcd.value(f"{ROOT}/http/services/{AUTHORITY}_{iid}/loadBalancer/servers/000/url") == "http://10.0.0.9:8000"
+
+
+@pytest.mark.parametrize("kind", ["upsert", "remove"])
+async def test_a_newer_record_a_peer_commits_while_a_request_waits_to_be_planned_refuses_it(etcd: FakeEtcd, kind: str) -> None:
+    # The request is checked against revision 1 on arrival; while it waits in a burst, a peer
+    # commits revision 3 and the watch brings it in. The plan's record guard then compares
+    # against the peer's record and would pass: the request must be refused, never written.
+    iid, other = uid(), uid()
+    ref = IngressRef(AUTHORITY, iid)
+    async with running(etcd, coalesce_window=1.5) as rec, running(etcd) as peer:
+        await rec.submit([record(iid, upstream=UP)])
+        stale = rec.submit([record(iid, revision=2, upstream=UP)]) if kind == "upsert" else rec.submit([], [Removal(ref, 2)])
+        waiting = asyncio.gather(stale, rec.submit([record(other, upstream=UP)]), return_exceptions=True)
+        await asyncio.sleep(0)  # both requests staged: the loop gathers them as one burst
+        await peer.submit([record(iid, revision=3, upstream={"servers": [{"url": "http://10.0.0.9:8000"}]})])
+
+        async def adopted() -> bool:
+            stored = rec.store.get(ref)
+            return stored is not None and stored.revision == 3
+
+        await eventually(adopted, timeout=1)
+        refused, answered = await waiting
+        assert isinstance(refused, StaleRevisionError) and refused.data["stored_revision"] == 3
+        assert answered is None
+        value = etcd.value(LAYOUT.record_key(ref))
+        assert value is not None and decode_record(value).revision == 3 and not decode_record(value).removed
         assert etcd.value(f"{ROOT}/http/services/{AUTHORITY}_{iid}/loadBalancer/servers/000/url") == "http://10.0.0.9:8000"
 
 

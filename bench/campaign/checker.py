@@ -6,14 +6,18 @@ what each Traefik served, each sidecar's readiness and leadership, RSS samples).
 a sentence, and a violation names the ingress and the slice of the history that breaks it:
 
 1. Nothing acknowledged is lost, nothing older wins: every upsert answered 204 is stored with a
-   revision at least its own, and the final revision of every ingress is the highest one any
-   204 acknowledged for it.
+   revision at least its own; the final revision of every ingress is the highest one acknowledged
+   for it, or that of a request that got no definite answer (a timeout, a 5xx: it may have
+   committed); a live record was written by an upsert of its revision, a tombstone by a remove.
+   Every request carries a revision of its own, so a stored revision names its request.
 2. No 409 without cause: a stale-revision answer for revision r of an ingress came after some
-   request with a revision >= r for that ingress had been sent.
+   other request with a revision >= r for it had been sent, one that etcd stored at some point or
+   that got no definite answer (checked against a pending revision that then failed).
 3. History: at no etcd revision does a router refer to a missing service, middleware or
    transport, and no record's revision ever decreases.
 4. `diff` finds nothing on any root at the end.
-5. Every Traefik serves exactly the final set: every live host answered 200, every removed host 404.
+5. Every Traefik serves exactly the final set: every live host answered 200 from one of its
+   servers, every removed host 404.
 6. Every sidecar is ready and exactly one leads.
 7. No sidecar's RSS grew by more than the bound across the run.
 """
@@ -25,7 +29,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from tests.replay import dangling
+from tests.replay import dangling, owner_of
 
 
 @dataclass(frozen=True)
@@ -39,14 +43,23 @@ class Request:
     invoked: float
     completed: float
     status: int
+    batch: int = 0  # requests of one call share it (0: alone); a call answers for all its ingresses at once
 
 
 @dataclass(frozen=True)
 class Stored:
-    """What etcd holds for an ingress at the end: its record's revision, and whether it is a tombstone."""
+    """What etcd holds for an ingress at the end: its record's revision, whether it is a tombstone,
+    whether a Traefik serves its root, and what its servers answer (their names)."""
 
     revision: int
     removed: bool = False
+    served: bool = True
+    bodies: frozenset[str] = frozenset()
+
+
+def definite(status: int) -> bool:
+    """An answer that says what happened: 2xx or 4xx. Without one (0: no answer, 5xx) a request may have committed."""
+    return 200 <= status < 500
 
 
 @dataclass
@@ -57,10 +70,10 @@ class History:
     final: dict[str, Stored] = field(default_factory=dict)
     # etcd revisions in order: each the keys it put (value) or deleted (None)
     etcd: list[tuple[int, dict[str, str | None]]] = field(default_factory=list)
-    root: str = ""
+    roots: list[str] = field(default_factory=list)
     records_prefix: str = ""
-    diff_exit: dict[str, int] = field(default_factory=dict)  # root -> `diff` exit code
-    served: dict[str, dict[str, int]] = field(default_factory=dict)  # traefik -> host -> status
+    diff_exit: dict[str, int] = field(default_factory=dict)  # roots -> `diff` exit code
+    served: dict[str, dict[str, tuple[int, str]]] = field(default_factory=dict)  # traefik -> host -> (status, body)
     ready: dict[str, int] = field(default_factory=dict)  # sidecar -> /readyz status
     leading: dict[str, bool] = field(default_factory=dict)  # sidecar -> leads
     rss: dict[str, list[float]] = field(default_factory=dict)  # sidecar -> MB samples, in order
@@ -83,8 +96,8 @@ def check(history: History) -> list[Violation]:
     """Every violation of the seven rules in `history` (empty: it holds)."""
     return [
         *acknowledged_kept(history.requests, history.final),
-        *conflicts_with_cause(history.requests),
-        *history_consistent(history.etcd, history.root, history.records_prefix),
+        *conflicts_with_cause(history.requests, stored_revisions(history.etcd, history.records_prefix)),
+        *history_consistent(history.etcd, history.roots, history.records_prefix),
         *(Violation(4, root, f"diff exited {code}") for root, code in sorted(history.diff_exit.items()) if code != 0),
         *served_exactly(history),
         *ready_and_one_leader(history.ready, history.leading),
@@ -104,74 +117,109 @@ def acknowledged_kept(requests: Sequence[Request], final: Mapping[str, Stored]) 
         by_ingress[request.ingress].append(request)
     for ingress, mine in sorted(by_ingress.items()):
         acked = [r for r in mine if r.status == 204 and r.revision is not None]
-        if not acked:
-            continue
         stored = final.get(ingress)
-        highest = max(acked, key=lambda r: r.revision or 0)
+        upserts = [r for r in acked if r.op == "upsert"]
         if stored is None:
-            if highest.op == "upsert":
-                out.append(Violation(1, ingress, f"revision {highest.revision} acknowledged, nothing stored: {_slice(acked)}"))
+            if upserts:
+                out.append(Violation(1, ingress, f"revision {max(r.revision or 0 for r in upserts)} acknowledged, "
+                                                 f"nothing stored: {_slice(upserts)}"))
             continue
-        for request in acked:
-            if request.op == "upsert" and stored.revision < (request.revision or 0):
-                out.append(Violation(1, ingress, f"upsert of revision {request.revision} acknowledged, stored {stored.revision}"))
-        if stored.revision != highest.revision:
-            detail = f"stored revision {stored.revision}, highest acknowledged {highest.revision}: {_slice(acked)}"
+        lost = [r for r in upserts if stored.revision < (r.revision or 0)]
+        if lost:
+            out.append(Violation(1, ingress, f"upserts acknowledged and lost, stored {stored.revision}: {_slice(lost)}"))
+        writers = [r for r in mine if r.revision == stored.revision]
+        highest = max((r.revision or 0 for r in acked), default=0)
+        if stored.revision > highest and all(definite(r.status) for r in writers):
+            detail = f"stored revision {stored.revision} above the highest acknowledged {highest}, " \
+                     f"and every request of it was answered: {_slice(writers)}"
             out.append(Violation(1, ingress, detail))
-        # A remove without a revision removes whatever is stored: live or removed both fit then.
-        elif (highest.op == "remove") != stored.removed and not any(r.op == "remove" and r.revision is None for r in mine):
-            state = "removed" if stored.removed else "live"
-            out.append(Violation(1, ingress, f"highest acknowledged is a {highest.op} of {highest.revision}, stored {state}"))
+        op = "remove" if stored.removed else "upsert"
+        # A remove without a revision leaves a tombstone at the revision it removed.
+        bare_remove = stored.removed and any(r.op == "remove" and r.revision is None for r in mine)
+        if not any(r.op == op for r in writers) and not bare_remove:
+            out.append(Violation(1, ingress, f"stored a {'tombstone' if stored.removed else 'live record'} at revision "
+                                             f"{stored.revision}, which no {op} carried: {_slice(writers)}"))
     return out
 
 
-def conflicts_with_cause(requests: Sequence[Request]) -> list[Violation]:
-    """Rule 2."""
-    out = []
-    for answer in requests:
-        if answer.status != 409 or answer.revision is None:
-            continue
-        cause = [r for r in requests if r.ingress == answer.ingress and r is not answer and r.revision is not None
-                 and r.revision >= answer.revision and r.invoked <= answer.completed]
-        if not cause:
-            out.append(Violation(2, answer.ingress, f"409 for revision {answer.revision} with no request of that revision or newer "
-                                                     f"sent before it: {_slice([answer])}"))
+def stored_revisions(events: Sequence[tuple[int, dict[str, str | None]]], records_prefix: str) -> dict[str, set[int]]:
+    """Every revision etcd held at some point for each ingress's record."""
+    seen: dict[str, set[int]] = defaultdict(set)
+    for _revision, changes in events:
+        for key, value in changes.items():
+            if value is not None and records_prefix and key.startswith(records_prefix + "/"):
+                seen[key[len(records_prefix) + 1 :]].add(json.loads(value)["ingress"]["revision"])
+    return seen
+
+
+def conflicts_with_cause(requests: Sequence[Request], stored: Mapping[str, set[int]]) -> list[Violation]:
+    """Rule 2 (a call of several ingresses is refused as a whole: one caused 409 among them is enough)."""
+    by_ingress: dict[str, list[Request]] = defaultdict(list)
+    for request in requests:
+        by_ingress[request.ingress].append(request)
+
+    def caused(answer: Request) -> bool:
+        return answer.revision is None or any(
+            r is not answer and r.revision is not None and r.revision >= answer.revision and r.invoked <= answer.completed
+            and (r.revision in stored.get(answer.ingress, ()) or not definite(r.status))
+            for r in by_ingress[answer.ingress]
+        )
+
+    batches: dict[int, list[Request]] = defaultdict(list)
+    for request in requests:
+        if request.status == 409:
+            batches[request.batch or -id(request)].append(request)
+    out: list[Violation] = []
+    for refused in batches.values():
+        if not any(caused(answer) for answer in refused):
+            out.extend(Violation(2, a.ingress, f"409 for revision {a.revision} with no request of that revision or newer "
+                                               f"sent before it and stored or unanswered: {_slice([a])}") for a in refused)
     return out
 
 
-def history_consistent(events: Sequence[tuple[int, dict[str, str | None]]], root: str, records_prefix: str) -> list[Violation]:
-    """Rule 3: replay the etcd history revision by revision."""
+def history_consistent(events: Sequence[tuple[int, dict[str, str | None]]], roots: Sequence[str], records_prefix: str) -> list[Violation]:
+    """Rule 3: replay the etcd history revision by revision; each revision is checked on the ingresses it touched."""
     out = []
-    kv: dict[str, str] = {}
+    state: dict[str, dict[str, dict[str, str]]] = {root: defaultdict(dict) for root in roots}  # root -> owner -> keys
     record_revisions: dict[str, int] = {}
     for revision, changes in events:
+        touched: set[tuple[str, str]] = set()
         for key, value in changes.items():
-            if value is None:
-                kv.pop(key, None)
-            else:
-                kv[key] = value
-            if value is not None and records_prefix and key.startswith(records_prefix + "/"):
-                stored = json.loads(value)["ingress"]["revision"]
+            if records_prefix and key.startswith(records_prefix + "/") and value is not None:
                 ingress = key[len(records_prefix) + 1 :]
+                stored = json.loads(value)["ingress"]["revision"]
                 if stored < record_revisions.get(ingress, -1):
                     detail = f"record revision went {record_revisions[ingress]} -> {stored} at etcd revision {revision}"
                     out.append(Violation(3, ingress, detail))
                 record_revisions[ingress] = stored
-        if root:
-            out.extend(Violation(3, root, f"at etcd revision {revision}: {ref}") for ref in dangling(kv, root))
+            root = next((r for r in roots if key.startswith(r + "/")), None)
+            if root is None:
+                continue
+            owner = owner_of(key, root)
+            touched.add((root, owner))
+            if value is None:
+                state[root][owner].pop(key, None)
+            else:
+                state[root][owner][key] = value
+        for root, owner in sorted(touched):
+            out.extend(Violation(3, root, f"at etcd revision {revision}: {ref}") for ref in dangling(state[root][owner], root))
     return out
 
 
 def served_exactly(history: History) -> list[Violation]:
-    """Rule 5: `served` maps each Traefik's probed hosts to the status they answered; live hosts are `<id>.test`."""
+    """Rule 5: `served` maps each Traefik's probed hosts (`<id>.test`) to what they answered."""
     out = []
     for traefik, answers in sorted(history.served.items()):
         for ingress, stored in sorted(history.final.items()):
+            if not stored.served:
+                continue
             host = f"{ingress.rsplit('/', 1)[1]}.test"
-            want = 404 if stored.removed else 200
-            got = answers.get(host)
-            if got != want:
-                out.append(Violation(5, ingress, f"{traefik} answered {got} for {host}, the final state wants {want}"))
+            status, body = answers.get(host, (0, ""))
+            if stored.removed and status != 404:
+                out.append(Violation(5, ingress, f"{traefik} answered {status} for removed {host}"))
+            elif not stored.removed and (status != 200 or body not in stored.bodies):
+                out.append(Violation(5, ingress, f"{traefik} answered {status} {body!r} for {host}, "
+                                                 f"the final state wants 200 from one of {sorted(stored.bodies)}"))
     return out
 
 

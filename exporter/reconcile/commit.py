@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from loguru import logger
 
-from ..errors import EtcdError, EtcdUnavailable
+from ..errors import EtcdError, EtcdUnavailable, ExporterError
 from ..keys import IngressRef
 from ..plan.format import format_plan
 from ..plan.plan import Plan, UnitPlan
@@ -95,7 +95,6 @@ class Committer:
                 if not conflicted or outcome.error is not None:
                     return outcome
                 await self._mirror.refresh(conflicted)
-                self._judge_peer_records(conflicted, batch.wanted, outcome)
                 requested = {r: requested[r] for r in outcome.open(requested)}
                 refs = self._retried(conflicted, requested, batch.wanted)
                 logger.info("re-planning {} ingresses after a compare failed (attempt {})", len(refs), attempt + 1)
@@ -125,15 +124,28 @@ class Committer:
         refs = (u.owner for u in conflicted if u.owner is not None)
         return list(dict.fromkeys(r for r in refs if r in requested or (leader and r not in wanted)))
 
-    def _judge_peer_records(self, units: Sequence[UnitPlan], wanted: Mapping[IngressRef, Record], outcome: Outcome) -> None:
-        # A peer may have committed a record meanwhile: the request is then done or stale.
-        for ref in {u.owner for u in units if u.owner in wanted}:
-            assert ref is not None
-            verdict = peer_verdict(wanted[ref], self._store.latest(ref))
-            if verdict is True:
+    def _judged(self, chunk: list[IngressRef], requested: Mapping[IngressRef, int], outcome: Outcome) -> list[IngressRef]:
+        """The ingresses of `chunk` to plan, judged against the records committed now.
+
+        A request is checked against the newest record when it arrives, but a peer may commit
+        a newer one (seen through the watch, or re-read after a conflict) before it is planned:
+        the plan's record guard would then compare against the peer's record and pass. So a
+        record still pending is judged again here, in the same step as the plan: when a peer
+        wrote it already the request is done; when the peer's is newer the request is stale and
+        the pending record is never planned.
+        """
+        out = []
+        for ref in chunk:
+            desired, stored = self._desired(ref), self._store.latest(ref)
+            verdict = peer_verdict(desired, stored) if desired is not None and desired is not stored else None
+            if isinstance(verdict, ExporterError):
+                if ref in requested:
+                    outcome.failed[ref] = verdict
+                continue
+            if verdict is True and ref in requested:
                 outcome.done.add(ref)
-            elif verdict:
-                outcome.failed[ref] = verdict
+            out.append(ref)
+        return out
 
     async def _plan_and_apply(
         self, refs: list[IngressRef], requested: dict[IngressRef, int], dirty: Mapping[IngressRef, str], outcome: Outcome
@@ -159,6 +171,7 @@ class Committer:
         self, chunk: list[IngressRef], requested: Mapping[IngressRef, int], outcome: Outcome, *, include_roots: bool
     ) -> tuple[Plan, dict[IngressRef, int]]:
         """The plan of `chunk`, and the request group of each requested ingress in it (render errors fail theirs)."""
+        chunk = self._judged(chunk, requested, outcome)
         view = {r: record for r in chunk if (record := self._desired(r)) is not None}
         plan = self._planner.plan(view, self._observed, chunk, self._ejections, include_roots=include_roots)
         groups = {}
@@ -166,7 +179,7 @@ class Committer:
             error = self._planner.errors.get(ref)
             if ref in requested and error is not None:
                 outcome.failed[ref] = error
-            elif ref in requested:
+            elif ref in requested and ref not in outcome.done:
                 groups[ref] = requested[ref]
         return plan, groups
 

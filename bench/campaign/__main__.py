@@ -1,0 +1,167 @@
+"""A randomized fault campaign: a mixed push workload while faults overlap, then a checker over the
+recorded history (docs/campaign.md).
+
+Usage: python -m bench.campaign [--duration 60] [--seed N] [--ingresses 40] [--clients 4]
+                                [--defect NAME] [--workdir DIR]
+
+Prints the seed first (replay a failure with `--seed`), then what ran and what the checker
+counted; exits 1 on any violation, printing the rule, the ingress and its slice of the history.
+`--defect` runs the sidecars with a planted defect (bench/campaign/defects.py) to show that the
+checker catches it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import dataclasses
+import json
+import random
+import shutil
+import sys
+import tempfile
+import time
+from collections import Counter
+from pathlib import Path
+
+import aiohttp
+
+from .checker import History, check
+from .faults import Faults
+from .observe import Observation, observe
+from .recorder import Recorder, b64
+from .workload import Workload
+from .world import AUTHORITIES, RECORDS, World, root_of
+
+CONVERGE_TIMEOUT = 90.0
+RSS_SETTLE = 10.0  # seconds after a start before a sidecar's RSS is its baseline
+RSS_GROWTH_BOUND = 60.0
+
+
+async def sample_rss(world: World, rss: dict[str, list[float]], stop: asyncio.Event) -> None:
+    """Each sidecar process's RSS every second once it has settled."""
+    born: dict[str, float] = {}
+    while not stop.is_set():
+        for sidecar in world.sidecars:
+            mb = sidecar.rss_mb()
+            born.setdefault(sidecar.label, time.monotonic())
+            if mb is not None and time.monotonic() - born[sidecar.label] >= RSS_SETTLE:
+                rss.setdefault(sidecar.label, []).append(mb)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), 1.0)
+
+
+async def converge(http: aiohttp.ClientSession, world: World, workdir: Path) -> tuple[Observation, float]:
+    """Look at the end state until rules 4 to 6 hold, or until CONVERGE_TIMEOUT: (last look, seconds)."""
+    start = time.monotonic()
+    while True:
+        seen = await observe(http, world, workdir)
+        if not seen.violations() or time.monotonic() - start > CONVERGE_TIMEOUT:
+            return seen, time.monotonic() - start
+        await asyncio.sleep(0.5)
+
+
+async def current_revision(http: aiohttp.ClientSession, world: World) -> int:
+    """Write a marker key and return its revision: every earlier revision is before it."""
+    for member in world.members:
+        if member.proc.poll() is None:
+            async with http.post(member.url + "/v3/kv/put", json={"key": b64("campaign/marker"), "value": b64("1")}) as resp:
+                return int((await resp.json())["header"]["revision"])
+    raise RuntimeError("no etcd member answers")
+
+
+async def campaign(args: argparse.Namespace, workdir: Path) -> int:
+    """Run one campaign; 0 when the checker finds nothing."""
+    command = [sys.executable, "-m", "bench.campaign.defects", args.defect] if args.defect else None
+    world = World(workdir, command)
+    connector = aiohttp.TCPConnector(limit=200)
+    async with aiohttp.ClientSession(connector=connector) as http:
+        setup = time.monotonic()
+        await world.start(http)
+        print(f"set up in {time.monotonic() - setup:.1f}s: 3 etcd members, 2 Traefiks, 3 sidecars, {len(world.backends)} backends",
+              flush=True)
+        try:
+            return await _run(args, workdir, world, http)
+        finally:
+            await world.stop()
+
+
+async def _run(args: argparse.Namespace, workdir: Path, world: World, http: aiohttp.ClientSession) -> int:
+    recorder = Recorder(http, lambda: world.endpoints, await current_revision(http, world))
+    recording = asyncio.create_task(recorder.run())
+    workload = Workload(world, http, args.ingresses, args.seed)
+    faults = Faults(world, http, recorder, args.seed, workload.started)
+    rss: dict[str, list[float]] = {}
+    sampling_done = asyncio.Event()
+    sampling = asyncio.create_task(sample_rss(world, rss, sampling_done))
+    load = asyncio.create_task(workload.run(args.clients))
+    drawing = asyncio.create_task(faults.run(args.mean_fault_gap))
+    await asyncio.sleep(args.duration)
+    workload.stop()
+    await load
+    await faults.heal()
+    await drawing
+    seen, took = await converge(http, world, workdir)
+    sampling_done.set()
+    await sampling
+    await recorder.until(await current_revision(http, world), 60)
+    recording.cancel()
+    history = History(
+        requests=workload.requests, final=seen.final, etcd=recorder.history(), roots=[root_of(a) for a in AUTHORITIES],
+        records_prefix=RECORDS, diff_exit=seen.diff_exit, served=seen.served, ready=seen.ready, leading=seen.leading,
+        rss=rss, rss_growth_bound=RSS_GROWTH_BOUND,
+    )
+    violations = check(history)
+    (workdir / "history.json").write_text(json.dumps(
+        {"requests": [dataclasses.asdict(r) for r in history.requests], "etcd": history.etcd,
+         "faults": [dataclasses.asdict(f) for f in faults.done]}))
+    _report(args, workload, faults, history, took, recorder)
+    for violation in violations:
+        print(f"VIOLATION {violation}")
+    if violations:
+        if seen.diff_output.strip():
+            print("diff at the end:\n" + seen.diff_output[-4000:])
+        print(f"seed {args.seed}: {len(violations)} violation(s); logs under {workdir}")
+        return 1
+    print(f"seed {args.seed}: the checker found nothing")
+    return 0
+
+
+def _report(args: argparse.Namespace, workload: Workload, faults: Faults, history: History, took: float, recorder: Recorder) -> None:
+    statuses = Counter(r.status for r in history.requests)
+    print(f"workload: {len(history.requests)} ingress requests from {args.clients} clients in {args.duration:.0f}s; "
+          f"answers {dict(sorted(statuses.items()))} (0: none); kinds {dict(sorted(workload.kinds.items()))}")
+    print(f"faults: {sum(faults.counts.values())}: {dict(sorted(faults.counts.items()))}")
+    live = sum(1 for s in history.final.values() if not s.removed)
+    probed = sum(len(answers) for answers in history.served.values())
+    print(f"checker: {len(history.final)} ingresses stored ({live} live), {len(history.etcd)} etcd revisions replayed "
+          f"(watch resumed {recorder.resumed} times), {probed} host probes on {len(history.served)} Traefiks, "
+          f"{sum(len(v) for v in history.rss.values())} RSS samples of {len(history.rss)} processes "
+          f"(max growth {max((max(v) - v[0] for v in history.rss.values() if v), default=0):.0f} MB); "
+          f"converged {took:.1f}s after the faults healed")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--duration", type=float, default=60.0, help="seconds of workload and faults")
+    parser.add_argument("--seed", type=int, default=None, help="the seed of every random choice (default: drawn and printed)")
+    parser.add_argument("--ingresses", type=int, default=40)
+    parser.add_argument("--clients", type=int, default=4)
+    parser.add_argument("--mean-fault-gap", type=float, default=2.0, help="mean seconds between two faults")
+    parser.add_argument("--defect", default="", help="run the sidecars with this planted defect")
+    parser.add_argument("--workdir", type=Path, default=None, help="keep logs here (default: a temporary directory)")
+    args = parser.parse_args()
+    if args.seed is None:
+        args.seed = random.SystemRandom().randrange(1, 2**31)
+    print(f"campaign seed {args.seed} duration {args.duration:.0f}s{f' defect {args.defect}' if args.defect else ''}", flush=True)
+    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="campaign-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    code = asyncio.run(campaign(args, workdir))
+    if code == 0 and args.workdir is None:
+        shutil.rmtree(workdir, ignore_errors=True)  # kept when something was found
+    sys.exit(code)
+
+
+if __name__ == "__main__":
+    main()

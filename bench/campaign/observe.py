@@ -1,0 +1,94 @@
+"""What a campaign looks at once the faults have healed: the stored records, each root's `diff`,
+what each Traefik serves, each sidecar's readiness and leadership."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import aiohttp
+
+from .checker import History, Stored, Violation, ready_and_one_leader, served_exactly
+from .recorder import b64, unb64
+from .world import AUTHORITIES, RECORDS, World, root_of
+
+
+@dataclass
+class Observation:
+    """One look at the end state."""
+
+    final: dict[str, Stored] = field(default_factory=dict)
+    diff_exit: dict[str, int] = field(default_factory=dict)
+    diff_output: str = ""
+    served: dict[str, dict[str, tuple[int, str]]] = field(default_factory=dict)
+    ready: dict[str, int] = field(default_factory=dict)
+    leading: dict[str, bool] = field(default_factory=dict)
+
+    def violations(self) -> list[Violation]:
+        """Rules 4 to 6 on this look alone (what the end waits for)."""
+        history = History(final=self.final, diff_exit=self.diff_exit, served=self.served)
+        diff = [Violation(4, roots, f"diff exited {code}") for roots, code in self.diff_exit.items() if code != 0]
+        return [*diff, *served_exactly(history), *ready_and_one_leader(self.ready, self.leading)]
+
+
+async def stored_records(http: aiohttp.ClientSession, world: World) -> dict[str, Stored]:
+    """Every record in etcd, as the checker reads it."""
+    prefix = RECORDS + "/"
+    end = prefix[:-1] + chr(ord(prefix[-1]) + 1)
+    names = {f"127.0.0.1:{b.port}": b.name for b in world.backends}
+    for member in world.members:
+        if member.proc.poll() is not None:
+            continue
+        async with http.post(member.url + "/v3/kv/range", json={"key": b64(prefix), "range_end": b64(end)}) as resp:
+            kvs = (await resp.json()).get("kvs", [])
+        out = {}
+        for kv in kvs:
+            record = json.loads(unb64(kv.get("value")))
+            ingress = record["ingress"]
+            urls = [s["url"] for s in ingress.get("upstream", {}).get("servers", [])]
+            out[unb64(kv["key"])[len(prefix):]] = Stored(
+                ingress["revision"], bool(record.get("removed")), served=ingress["authority"] == AUTHORITIES[0],
+                bodies=frozenset(names.get(url.removeprefix("http://"), url) for url in urls),
+            )
+        return out
+    raise RuntimeError("no etcd member to read the records from")
+
+
+async def run_diff(workdir: Path, world: World) -> tuple[int, str]:
+    """`traefik-etcd-exporter diff` on every root, straight to the members."""
+    config = workdir / "diff.yaml"
+    endpoints = ", ".join(f'"{url}"' for url in world.endpoints)
+    config.write_text(f"etcd: {{endpoints: [{endpoints}]}}\n")
+    proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "exporter", "diff", "--config", str(config), "--no-color",
+                                                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT)
+    out, _ = await proc.communicate()
+    return proc.returncode or 0, out.decode(errors="replace")
+
+
+async def served_hosts(http: aiohttp.ClientSession, world: World, hosts: list[str]) -> dict[str, dict[str, tuple[int, str]]]:
+    """What each Traefik answers for each host."""
+    out: dict[str, dict[str, tuple[int, str]]] = {}
+    for traefik in world.traefiks:
+        answers = {}
+        for host in hosts:
+            try:
+                async with http.get(traefik.web + "/", headers={"Host": host}, timeout=aiohttp.ClientTimeout(total=3)) as resp:
+                    answers[host] = (resp.status, await resp.text())
+            except (aiohttp.ClientError, TimeoutError):
+                answers[host] = (0, "")
+        out[traefik.name] = answers
+    return out
+
+
+async def observe(http: aiohttp.ClientSession, world: World, workdir: Path) -> Observation:
+    """One look at everything the end rules read."""
+    final = await stored_records(http, world)
+    code, output = await run_diff(workdir, world)
+    hosts = [f"{name.rsplit('/', 1)[1]}.test" for name, stored in final.items() if stored.served]
+    return Observation(
+        final=final, diff_exit={"+".join(root_of(a) for a in AUTHORITIES): code}, diff_output=output,
+        served=await served_hosts(http, world, hosts), ready=await world.readiness(http), leading=await world.leading(http),
+    )

@@ -1,0 +1,228 @@
+"""Everything a campaign runs: a 3-member etcd cluster, two Traefiks, three sidecars on one root
+(each cut off etcd through its own links), and real HTTP backends, on stable loopback ports so
+that each can be killed and started again where it was."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import aiohttp
+
+from exporter.embedded import EmbeddedEtcd, EmbeddedTraefik, traefik_binary, traefik_static_args, wait_http
+from tests.etcd_cluster import leader_of, stable_port, start_cluster
+from tests.helpers import Backend
+
+from .link import Link
+
+TOKEN = "campaign-token"
+AUTHORITIES = ("ca", "cb")  # the sidecars' root and a second one
+ROOT = "traefik/worker_ca"
+RECORDS = "traefik-etcd-exporter/records"
+LEADER_TTL = 3
+
+
+def root_of(authority: str) -> str:
+    """The Traefik root of an authority (the default `root_key`)."""
+    return f"traefik/worker_{authority}"
+
+
+@dataclass
+class Sidecar:
+    """One exporter daemon: its config, its links to etcd, its process (restarted on the same ports)."""
+
+    name: str
+    config: Path
+    log: Path
+    links: list[Link]
+    command: list[str]
+    api: str = field(default_factory=lambda: f"http://127.0.0.1:{stable_port()}")
+    control: str = field(default_factory=lambda: f"http://127.0.0.1:{stable_port()}")
+    proc: subprocess.Popen[bytes] | None = None
+    incarnation: int = 0
+
+    @property
+    def label(self) -> str:
+        """Name and incarnation: RSS is compared within one process."""
+        return f"{self.name}#{self.incarnation}"
+
+    def start(self) -> None:
+        env = {**os.environ, "EXPORTER_API__TOKEN": TOKEN, "EXPORTER_API__LISTEN": self.api.removeprefix("http://"),
+               "EXPORTER_CONTROL__LISTEN": self.control.removeprefix("http://"), "EXPORTER_LOG__FORMAT": "json"}
+        self.incarnation += 1
+        self.proc = subprocess.Popen([*self.command, "run", "--config", str(self.config)], env=env,
+                                     stdout=self.log.open("ab"), stderr=subprocess.STDOUT)
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def signal(self, sig: signal.Signals) -> None:
+        if self.alive():
+            assert self.proc is not None
+            self.proc.send_signal(sig)
+
+    def kill(self) -> None:
+        if self.proc is not None:
+            self.proc.send_signal(signal.SIGCONT)
+            self.proc.kill()
+            self.proc.wait()
+
+    def stop(self) -> None:
+        if self.alive():
+            assert self.proc is not None
+            self.proc.send_signal(signal.SIGCONT)
+            self.proc.terminate()
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    def rss_mb(self) -> float | None:
+        """Resident memory now, from /proc (None when not running)."""
+        if not self.alive():
+            return None
+        assert self.proc is not None
+        try:
+            for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024
+        except OSError:
+            return None
+        return None
+
+
+@dataclass
+class Traefik:
+    """A Traefik on the root, restartable on the same ports."""
+
+    name: str
+    workdir: Path
+    endpoints: str
+    web_port: int = field(default_factory=stable_port)
+    api_port: int = field(default_factory=stable_port)
+    child: EmbeddedTraefik | None = None
+
+    @property
+    def web(self) -> str:
+        return f"http://127.0.0.1:{self.web_port}"
+
+    @property
+    def api(self) -> str:
+        return f"http://127.0.0.1:{self.api_port}"
+
+    def start(self) -> None:
+        log = self.workdir / f"{self.name}.log"
+        args = [traefik_binary(), *traefik_static_args(self.endpoints, ROOT, {"web": self.web_port, "traefik": self.api_port})]
+        env = {k: v for k, v in os.environ.items() if not k.startswith("TRAEFIK_")}
+        proc = subprocess.Popen(args, stdout=log.open("ab"), stderr=subprocess.STDOUT, env=env)
+        self.child = EmbeddedTraefik(proc=proc, log=log, entrypoints={"web": self.web_port}, api_port=self.api_port)
+        wait_http(self.api + "/api/overview", time.monotonic() + 30, proc, self.name, log)
+
+    def stop(self) -> None:
+        if self.child is not None:
+            self.child.stop()
+
+
+class World:
+    """Starts and stops the whole set-up; the faults act on its parts."""
+
+    def __init__(self, workdir: Path, sidecar_command: list[str] | None = None, backends: int = 4) -> None:
+        self.workdir = workdir
+        self.command = sidecar_command or [sys.executable, "-m", "exporter"]
+        self.members: list[EmbeddedEtcd] = []
+        self.traefiks: list[Traefik] = []
+        self.sidecars: list[Sidecar] = []
+        self.backends = [Backend(f"backend-{n}", port=stable_port()) for n in range(backends)]
+
+    @property
+    def endpoints(self) -> list[str]:
+        return [m.url for m in self.members]
+
+    async def start(self, http: aiohttp.ClientSession) -> None:
+        """Bring everything up and wait until every sidecar is ready and one leads."""
+        self.members = await asyncio.to_thread(start_cluster, self.workdir)
+        for backend in self.backends:
+            await backend.start()
+        joined = ",".join(url.removeprefix("http://") for url in self.endpoints)
+        self.traefiks = [Traefik(f"traefik-{n}", self.workdir, joined) for n in range(2)]
+        for traefik in self.traefiks:
+            await asyncio.to_thread(traefik.start)
+        for n in range(3):
+            links = [Link(stable_port(), member.client_port) for member in self.members]
+            for link in links:
+                await link.start()
+            config = self.workdir / f"sidecar-{n}.yaml"
+            traefik = self.traefiks[n % 2]
+            endpoints = ", ".join(f'"{link.url}"' for link in links)
+            config.write_text(
+                f"etcd: {{endpoints: [{endpoints}]}}\nleader: {{ttl: {LEADER_TTL}}}\n"
+                f'writer: {{reconcile_interval: 5}}\ntraefik: {{api_url: "{traefik.api}"}}\n'
+            )
+            self.sidecars.append(Sidecar(f"sidecar-{n}", config, self.workdir / f"sidecar-{n}.log", links, self.command))
+        for sidecar in self.sidecars:
+            sidecar.start()
+        await self.wait_ready(http, 60)
+
+    async def wait_ready(self, http: aiohttp.ClientSession, timeout: float) -> None:
+        """Until every sidecar answers /readyz 200 and exactly one leads."""
+        deadline = time.monotonic() + timeout
+        while True:
+            ready = await self.readiness(http)
+            if all(code == 200 for code in ready.values()) and sum((await self.leading(http)).values()) == 1:
+                return
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"sidecars not ready in {timeout:.0f}s: {ready}; see {self.workdir}")
+            await asyncio.sleep(0.2)
+
+    async def readiness(self, http: aiohttp.ClientSession) -> dict[str, int]:
+        """Each sidecar's /readyz status (0: no answer)."""
+        out = {}
+        for sidecar in self.sidecars:
+            try:
+                async with http.get(f"{sidecar.control}/readyz", timeout=aiohttp.ClientTimeout(total=2)) as resp:
+                    out[sidecar.name] = resp.status
+            except (aiohttp.ClientError, TimeoutError):
+                out[sidecar.name] = 0
+        return out
+
+    async def leading(self, http: aiohttp.ClientSession) -> dict[str, bool]:
+        """Which sidecars say, through `exporter_leader`, that they lead."""
+        out = {}
+        for sidecar in self.sidecars:
+            try:
+                async with http.get(f"{sidecar.control}/metrics", timeout=aiohttp.ClientTimeout(total=2)) as resp:
+                    out[sidecar.name] = "\nexporter_leader 1.0" in await resp.text()
+            except (aiohttp.ClientError, TimeoutError):
+                out[sidecar.name] = False
+        return out
+
+    async def leader(self, http: aiohttp.ClientSession) -> Sidecar | None:
+        """The sidecar leading now, if one says so."""
+        leading = await self.leading(http)
+        return next((s for s in self.sidecars if leading.get(s.name)), None)
+
+    def raft_leader(self) -> EmbeddedEtcd | None:
+        """The etcd member that is the raft leader, if one answers."""
+        try:
+            return leader_of(self.members)
+        except (AssertionError, OSError):
+            return None
+
+    async def stop(self) -> None:
+        for sidecar in self.sidecars:
+            await asyncio.to_thread(sidecar.stop)
+            for link in sidecar.links:
+                await link.close()
+        for traefik in self.traefiks:
+            await asyncio.to_thread(traefik.stop)
+        for backend in self.backends:
+            await backend.stop()
+        for member in self.members:
+            await asyncio.to_thread(member.stop)
