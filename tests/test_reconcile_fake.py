@@ -23,7 +23,7 @@ from exporter.render.renderer import BUILTIN_TEMPLATES, Renderer
 from exporter.render.root_keys import DefaultCertificate
 from exporter.roles import Ejections
 from exporter.sources.api import status_of
-from exporter.store.records import decode_record
+from exporter.store.records import RecordStore, decode_record
 from tests.fake_etcd import FakeEtcd
 from tests.helpers import AUTHORITY, eventually, record, uid
 
@@ -170,6 +170,30 @@ async def test_a_newer_record_a_peer_commits_while_a_request_waits_to_be_planned
         value = etcd.value(LAYOUT.record_key(ref))
         assert value is not None and decode_record(value).revision == 3 and not decode_record(value).removed
         assert etcd.value(f"{ROOT}/http/services/{AUTHORITY}_{iid}/loadBalancer/servers/000/url") == "http://10.0.0.9:8000"
+
+
+def test_a_record_we_committed_does_not_replace_a_newer_one_the_watch_brought_first() -> None:
+    # Our transaction's reply and a peer's later commit race: when the watch delivers the peer's
+    # first, taking ours afterwards would make the next plan write our older record back.
+    iid = uid()
+    ref = IngressRef(AUTHORITY, iid)
+    store = RecordStore()
+    ours, peers = record(iid, revision=16, upstream=UP).removal(16, 0.0), record(iid, revision=17, upstream=UP)
+    store.set(ref, peers)
+    store.committed(ref, ours)
+    assert store.latest(ref) is peers
+    removed_by_peer = peers.removal(17, 0.0)  # a removal at the revision we wrote live
+    store.set(ref, removed_by_peer)
+    store.committed(ref, peers)
+    assert store.latest(ref) is removed_by_peer
+    store.committed(ref, None)  # our delete of an expired tombstone: nothing newer came
+    assert store.latest(ref) is None
+    store.set(ref, peers)
+    store.committed(ref, None)  # a record created after our delete stays
+    assert store.latest(ref) is peers
+    newer = record(iid, revision=18, upstream=UP)
+    store.committed(ref, newer)
+    assert store.latest(ref) is newer
 
 
 async def test_the_same_record_committed_by_a_peer_answers_the_request_without_a_second_write(etcd: FakeEtcd) -> None:

@@ -263,7 +263,7 @@ class Committer:
             if unit.owner in groups:
                 outcome.done.add(unit.owner)
             else:
-                self._store.set(unit.owner, unit.record)
+                self._store.committed(unit.owner, unit.record)
         if result.error is None:
             return
         for ref in {u.owner for u in result.failed if u.owner is not None}:

@@ -110,7 +110,7 @@ class Intents:
             if intent.future.done():
                 continue
             if intent.ref in outcome.done:
-                self._store.set(intent.ref, intent.record)
+                self._store.committed(intent.ref, intent.record)
                 self._drop_pending(intent)
                 intent.future.set_result(None)
             else:
