@@ -172,6 +172,26 @@ async def test_a_newer_record_a_peer_commits_while_a_request_waits_to_be_planned
         assert etcd.value(f"{ROOT}/http/services/{AUTHORITY}_{iid}/loadBalancer/servers/000/url") == "http://10.0.0.9:8000"
 
 
+async def test_a_request_one_of_whose_ingresses_turns_stale_before_its_plan_writes_none_of_them(etcd: FakeEtcd) -> None:
+    iid, other, alone = uid(), uid(), uid()
+    async with running(etcd, coalesce_window=1.5) as rec, running(etcd) as peer:
+        await rec.submit([record(iid, upstream=UP)])
+        both = rec.submit([record(iid, revision=2, upstream=UP), record(other, upstream=UP)])
+        waiting = asyncio.gather(both, rec.submit([record(alone, upstream=UP)]), return_exceptions=True)
+        await asyncio.sleep(0)
+        await peer.submit([record(iid, revision=3, upstream=UP)])
+
+        async def adopted() -> bool:
+            stored = rec.store.get(IngressRef(AUTHORITY, iid))
+            return stored is not None and stored.revision == 3
+
+        await eventually(adopted, timeout=1)
+        refused, answered = await waiting
+        assert isinstance(refused, StaleRevisionError) and refused.data["id"] == iid
+        assert answered is None and etcd.value(rule_key(alone)) is not None
+        assert etcd.value(LAYOUT.record_key(IngressRef(AUTHORITY, other))) is None and etcd.value(rule_key(other)) is None
+
+
 def test_a_record_we_committed_does_not_replace_a_newer_one_the_watch_brought_first() -> None:
     # Our transaction's reply and a peer's later commit race: when the watch delivers the peer's
     # first, taking ours afterwards would make the next plan write our older record back.

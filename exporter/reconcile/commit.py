@@ -132,19 +132,24 @@ class Committer:
         the plan's record guard would then compare against the peer's record and pass. So a
         record still pending is judged again here, in the same step as the plan: when a peer
         wrote it already the request is done; when the peer's is newer the request is stale and
-        the pending record is never planned.
+        the pending record is never planned, nor is anything else of its request (a request is
+        all or nothing: its other ingresses get the same answer).
         """
-        out = []
+        verdicts = {}
+        refused: dict[int, ExporterError] = {}
         for ref in chunk:
             desired, stored = self._desired(ref), self._store.latest(ref)
-            verdict = peer_verdict(desired, stored) if desired is not None and desired is not stored else None
-            if isinstance(verdict, ExporterError):
-                if ref in requested:
-                    outcome.failed[ref] = verdict
-                continue
-            if verdict is True and ref in requested:
-                outcome.done.add(ref)
-            out.append(ref)
+            verdicts[ref] = verdict = peer_verdict(desired, stored) if desired is not None and desired is not stored else None
+            if isinstance(verdict, ExporterError) and ref in requested:
+                refused.setdefault(requested[ref], verdict)
+        out = []
+        for ref, verdict in verdicts.items():
+            if ref in requested and requested[ref] in refused:
+                outcome.failed[ref] = refused[requested[ref]]
+            elif not isinstance(verdict, ExporterError):
+                if verdict is True and ref in requested:
+                    outcome.done.add(ref)
+                out.append(ref)
         return out
 
     async def _plan_and_apply(
@@ -155,6 +160,7 @@ class Committer:
         # Paced to a Traefik, revisions under a root cost more than the latency steps save:
         # one plan, packed into the fewest transactions.
         step = max(1, len(refs)) if self._pacer.enabled else _PIPELINE_CHUNK
+        refs = self._judged(refs, requested, outcome)  # the whole batch first: a request spans chunks
         for start in range(0, len(refs), step):
             plan, groups = self._plan_step(refs[start : start + step], requested, outcome, include_roots=start == 0)
             applying.append(asyncio.create_task(self._apply(plan, groups, dirty, outcome)))

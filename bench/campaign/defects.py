@@ -1,0 +1,128 @@
+"""Planted defects: the daemon with one rule broken on purpose, to show that the campaign's checker
+catches each (docs/campaign.md lists which rule catches which).
+
+Usage (by the campaign's --defect): python -m bench.campaign.defects NAME run --config FILE
+
+Each defect patches the running daemon before it starts; nothing of this is in the daemon.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any, Literal
+
+import exporter.leader
+import exporter.plan.plan
+import exporter.reconcile.commit
+import exporter.reconcile.reconciler
+from exporter.cli import main
+from exporter.errors import StaleRevisionError
+from exporter.plan.plan import Change
+from exporter.reconcile import Reconciler, Removal
+from exporter.store.records import Record
+from exporter.store.revisions import classify_upsert
+
+
+def _patch(owner: object, name: str, value: object) -> None:
+    setattr(owner, name, value)
+
+
+_submit = Reconciler.submit
+_order = exporter.plan.plan.order_changes
+_kept: list[bytes] = []
+
+
+def ack_without_commit() -> None:
+    """Answers one upsert in ten 204 without writing it (rule 1)."""
+
+    async def submit(self: Reconciler, upserts: Sequence[Record], removes: Sequence[Removal] = ()) -> None:
+        if upserts and random.random() < 0.1:
+            return
+        await _submit(self, upserts, removes)
+
+    _patch(Reconciler, "submit", submit)
+
+
+def no_revision_check() -> None:
+    """Applies every upsert whatever its revision, on arrival and at the plan (rules 1 and 3)."""
+
+    def apply(_stored: Record | None, _incoming: Record) -> Literal["noop", "apply"]:
+        return "apply"
+
+    _patch(exporter.reconcile.reconciler, "classify_upsert", apply)
+    _patch(exporter.reconcile.commit, "peer_verdict", lambda _wanted, _stored: None)
+
+
+def refuse_newer() -> None:
+    """Answers one newer upsert in ten 409 (rule 2)."""
+    classify = classify_upsert
+
+    def refusing(stored: Record | None, incoming: Record) -> Literal["noop", "apply"]:
+        verdict = classify(stored, incoming)
+        if verdict == "apply" and random.random() < 0.1:
+            raise StaleRevisionError("planted", {"authority": incoming.key[0], "id": incoming.key[1], "stored_revision": 0})
+        return verdict
+
+    _patch(exporter.reconcile.reconciler, "classify_upsert", refusing)
+
+
+def services_before_routers() -> None:
+    """Deletes an object before the router that references it, in transactions of a few operations (rule 3)."""
+    os.environ["EXPORTER_ETCD__MAX_TXN_OPS"] = "8"
+
+    def reversed_deletes(changes: list[Change]) -> list[Change]:
+        ordered = _order(changes)
+        deletes = [c for c in ordered if c.new is None]
+        return [c for c in deletes if "/routers/" not in c.key] + [c for c in ordered if c.new is not None] + \
+            [c for c in deletes if "/routers/" in c.key]
+
+    _patch(exporter.plan.plan, "order_changes", reversed_deletes)
+
+
+def keeps_routers() -> None:
+    """Never deletes a router key (rules 4 and 5: a removed host is still served)."""
+
+    def without_router_deletes(changes: list[Change]) -> list[Change]:
+        return [c for c in _order(changes) if not (c.new is None and "/routers/" in c.key)]
+
+    _patch(exporter.plan.plan, "order_changes", without_router_deletes)
+
+
+def every_one_leads() -> None:
+    """Every sidecar says it leads (rule 6)."""
+    set_leading = exporter.leader.Leadership._set
+
+    def leading(self: exporter.leader.Leadership, _leader: bool, why: str) -> None:
+        set_leading(self, True, why)
+
+    _patch(exporter.leader.Leadership, "_set", leading)
+
+
+def leaks() -> None:
+    """Keeps 256 KiB per request forever (rule 7)."""
+
+    async def submit(self: Reconciler, upserts: Sequence[Record], removes: Sequence[Removal] = ()) -> None:
+        _kept.append(os.urandom(256 * 1024))
+        await _submit(self, upserts, removes)
+
+    _patch(Reconciler, "submit", submit)
+
+
+DEFECTS: dict[str, Callable[[], Any]] = {
+    "ack-without-commit": ack_without_commit,
+    "no-revision-check": no_revision_check,
+    "refuse-newer": refuse_newer,
+    "services-before-routers": services_before_routers,
+    "keeps-routers": keeps_routers,
+    "every-one-leads": every_one_leads,
+    "leaks": leaks,
+}
+
+
+if __name__ == "__main__":
+    DEFECTS[sys.argv[1]]()
+    sys.argv = [sys.argv[0], *sys.argv[2:]]
+    sys.exit(main())
