@@ -192,6 +192,22 @@ async def test_a_request_one_of_whose_ingresses_turns_stale_before_its_plan_writ
         assert etcd.value(LAYOUT.record_key(IngressRef(AUTHORITY, other))) is None and etcd.value(rule_key(other)) is None
 
 
+async def test_an_upsert_and_a_remove_gathered_over_an_older_tombstone_leave_the_newer_tombstone(etcd: FakeEtcd) -> None:
+    # Removed at 1; then an upsert of 2 and a remove of 3 share one burst: the ingress stays
+    # removed, but at 3, so that a late copy of the upsert of 2 cannot bring it back.
+    iid, other = uid(), uid()
+    ref = IngressRef(AUTHORITY, iid)
+    async with running(etcd, coalesce_window=0.5) as rec:
+        await rec.submit([record(iid, upstream=UP)])
+        await rec.submit([], [Removal(ref, 1)])
+        await asyncio.gather(rec.submit([record(iid, revision=2, upstream=UP)]), rec.submit([], [Removal(ref, 3)]),
+                             rec.submit([record(other, upstream=UP)]))
+        value = etcd.value(LAYOUT.record_key(ref))
+        assert value is not None and decode_record(value).removed and decode_record(value).revision == 3
+        with pytest.raises(StaleRevisionError):
+            await rec.submit([record(iid, revision=2, upstream=UP)])
+
+
 def test_a_record_we_committed_does_not_replace_a_newer_one_the_watch_brought_first() -> None:
     # Our transaction's reply and a peer's later commit race: when the watch delivers the peer's
     # first, taking ours afterwards would make the next plan write our older record back.

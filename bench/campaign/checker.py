@@ -6,7 +6,8 @@ what each Traefik served, each sidecar's readiness and leadership, RSS samples).
 a sentence, and a violation names the ingress and the slice of the history that breaks it:
 
 1. Nothing acknowledged is lost, nothing older wins: every upsert answered 204 is stored with a
-   revision at least its own; the final revision of every ingress is the highest one acknowledged
+   revision at least its own, at the end and already before any request sent after its answer
+   was stored (a 204 means durable, not merely queued); the final revision of every ingress is the highest one acknowledged
    for it, or that of a request that got no definite answer (a timeout, a 5xx: it may have
    committed); a live record was written by an upsert of its revision, a tombstone by a remove.
    Every request carries a revision of its own, so a stored revision names its request.
@@ -24,6 +25,7 @@ a sentence, and a violation names the ingress and the slice of the history that 
 
 from __future__ import annotations
 
+import bisect
 import json
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
@@ -96,6 +98,7 @@ def check(history: History) -> list[Violation]:
     """Every violation of the seven rules in `history` (empty: it holds)."""
     return [
         *acknowledged_kept(history.requests, history.final),
+        *durable_when_answered(history.requests, history.etcd, history.records_prefix),
         *conflicts_with_cause(history.requests, stored_revisions(history.etcd, history.records_prefix)),
         *history_consistent(history.etcd, history.roots, history.records_prefix),
         *(Violation(4, root, f"diff exited {code}") for root, code in sorted(history.diff_exit.items()) if code != 0),
@@ -139,6 +142,45 @@ def acknowledged_kept(requests: Sequence[Request], final: Mapping[str, Stored]) 
         if not any(r.op == op for r in writers) and not bare_remove:
             out.append(Violation(1, ingress, f"stored a {'tombstone' if stored.removed else 'live record'} at revision "
                                              f"{stored.revision}, which no {op} carried: {_slice(writers)}"))
+    return out
+
+
+def durable_when_answered(
+    requests: Sequence[Request], events: Sequence[tuple[int, dict[str, str | None]]], records_prefix: str
+) -> list[Violation]:
+    """Rule 1, in the history: an upsert of revision r answered 204 at time t was durable at t, so
+    etcd held a record of revision >= r before it first stored any revision that only requests
+    sent after t carried."""
+    first_stored: dict[str, dict[int, int]] = defaultdict(dict)  # ingress -> record revision -> first etcd revision
+    highest_by: dict[str, list[tuple[int, int]]] = defaultdict(list)  # ingress -> (etcd revision, highest record revision so far)
+    for etcd_revision, changes in events:
+        for key, value in changes.items():
+            if value is None or not records_prefix or not key.startswith(records_prefix + "/"):
+                continue
+            ingress, revision = key[len(records_prefix) + 1 :], json.loads(value)["ingress"]["revision"]
+            first_stored[ingress].setdefault(revision, etcd_revision)
+            so_far = highest_by[ingress]
+            so_far.append((etcd_revision, max(revision, so_far[-1][1] if so_far else -1)))
+    by_ingress: dict[str, list[Request]] = defaultdict(list)
+    for request in requests:
+        if request.revision is not None:
+            by_ingress[request.ingress].append(request)
+    out = []
+    for ingress, mine in sorted(by_ingress.items()):
+        first_sent: dict[int, float] = {}
+        for request in mine:
+            first_sent[request.revision or 0] = min(first_sent.get(request.revision or 0, request.invoked), request.invoked)
+        stored = first_stored.get(ingress, {})
+        so_far = highest_by.get(ingress, [])
+        for acked in (r for r in mine if r.op == "upsert" and r.status == 204):
+            later = [stored[q] for q, sent in first_sent.items() if sent > acked.completed and q in stored]
+            if not later:
+                continue
+            before = bisect.bisect_left(so_far, (min(later), -1))
+            if before == 0 or so_far[before - 1][1] < (acked.revision or 0):
+                detail = (f"upsert of revision {acked.revision} answered 204 at {acked.completed:.3f}, but etcd stored no revision "
+                          f">= it before etcd revision {min(later)}, written by a request sent after that answer")
+                out.append(Violation(1, ingress, detail))
     return out
 
 

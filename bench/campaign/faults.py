@@ -38,7 +38,7 @@ class Fault:
 
 
 class Faults:
-    """Draws faults until the workload stops; `done` lists them, `skipped` why some were not drawn."""
+    """Draws faults until the workload stops; `done` lists them."""
 
     KINDS = ("sidecar-kill", "leader-stop", "etcd-kill", "traefik-restart", "foreign-key", "freezing-key",
              "compaction", "backend-flap", "partition")
@@ -49,6 +49,7 @@ class Faults:
         self.started = started
         self.done: list[Fault] = []
         self.counts: Counter[str] = Counter()
+        self.skipped: Counter[str] = Counter()  # drawn while its target was impaired already
         self.ending = asyncio.Event()
         self._sidecars = asyncio.Semaphore(2)
         self._member = asyncio.Lock()
@@ -93,6 +94,7 @@ class Faults:
     async def _on_sidecar(self, kind: str, sidecar: Sidecar | None, act: Callable[[Sidecar], Awaitable[None]],
                           undo: Callable[[Sidecar], Awaitable[None]], seconds: float) -> None:
         if sidecar is None or self._sidecars.locked():
+            self.skipped[kind] += 1
             return
         async with self._sidecars:
             self._busy.add(sidecar.name)
@@ -138,6 +140,7 @@ class Faults:
 
     async def _etcd_kill(self) -> None:
         if self._member.locked():
+            self.skipped["etcd-kill"] += 1
             return
         async with self._member:
             leader = self.world.raft_leader() if self.rng.random() < 0.5 else None
@@ -155,6 +158,7 @@ class Faults:
     async def _exclusive(self, kind: str, target: str, act: Callable[[], Awaitable[None]], undo: Callable[[], Awaitable[None]],
                          seconds: float) -> None:
         if target in self._busy:
+            self.skipped[kind] += 1
             return
         self._busy.add(target)
         start = self.now()
@@ -179,7 +183,8 @@ class Faults:
 
     async def _backend_flap(self) -> None:
         if any(b.name in self._busy for b in self.world.backends):
-            return  # one down at a time: every ingress keeps a server
+            self.skipped["backend-flap"] += 1  # one down at a time: every ingress keeps a server
+            return
         backend = self.rng.choice(self.world.backends)
         async def start() -> None:
             await backend.start()

@@ -146,12 +146,18 @@ async def answered(intents: Iterable[Intent]) -> None:
 def peer_verdict(wanted: Record, stored: Record | None) -> ExporterError | bool | None:
     """What a record a peer committed means for a request that wanted `wanted`.
 
-    True: the peer wrote what the request asks (it is done); an error: the peer's revision is
-    newer (the request is stale); None: neither, plan it again.
+    True: the peer wrote what the request asks, or a removal at least as new (it is done); an
+    error: the request is stale against the peer's record by the revision rules (a removal
+    may replace a live record of its own revision, an upsert never a removal of it); None:
+    neither, plan it again.
     """
-    if stored is not None and wanted.removed == stored.removed and (wanted.removed or wanted.content == stored.content):
+    if stored is None:
+        return None
+    if stored.removed and wanted.removed and stored.revision >= wanted.revision:
         return True
-    if stored is not None and stored.revision >= wanted.revision:
+    if not wanted.removed and not stored.removed and wanted.content == stored.content:
+        return True
+    if stored.revision > wanted.revision or (stored.revision == wanted.revision and not wanted.removed):
         ref = wanted.key
         return StaleRevisionError(
             f"ingress {ref}: revision {stored.revision} was stored meanwhile",
