@@ -82,13 +82,13 @@ def services_before_routers() -> None:
     _patch(exporter.plan.plan, "order_changes", reversed_deletes)
 
 
-def keeps_routers() -> None:
-    """Never deletes a router key (rules 4 and 5: a removed host is still served)."""
+def keeps_keys() -> None:
+    """Never deletes a key under a root (rules 4 and 5: a removed host is still served)."""
 
-    def without_router_deletes(changes: list[Change]) -> list[Change]:
-        return [c for c in _order(changes) if not (c.new is None and "/routers/" in c.key)]
+    def without_deletes(changes: list[Change]) -> list[Change]:
+        return [c for c in _order(changes) if c.new is not None]
 
-    _patch(exporter.plan.plan, "order_changes", without_router_deletes)
+    _patch(exporter.plan.plan, "order_changes", without_deletes)
 
 
 def every_one_leads() -> None:
@@ -102,10 +102,10 @@ def every_one_leads() -> None:
 
 
 def leaks() -> None:
-    """Keeps 256 KiB per request forever (rule 7)."""
+    """Keeps 1 MiB per request forever (rule 7)."""
 
     async def submit(self: Reconciler, upserts: Sequence[Record], removes: Sequence[Removal] = ()) -> None:
-        _kept.append(os.urandom(256 * 1024))
+        _kept.append(os.urandom(1024 * 1024))
         await _submit(self, upserts, removes)
 
     _patch(Reconciler, "submit", submit)
@@ -116,7 +116,7 @@ DEFECTS: dict[str, Callable[[], Any]] = {
     "no-revision-check": no_revision_check,
     "refuse-newer": refuse_newer,
     "services-before-routers": services_before_routers,
-    "keeps-routers": keeps_routers,
+    "keeps-keys": keeps_keys,
     "every-one-leads": every_one_leads,
     "leaks": leaks,
 }
