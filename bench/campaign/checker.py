@@ -46,6 +46,7 @@ class Request:
     completed: float
     status: int
     batch: int = 0  # requests of one call share it (0: alone); a call answers for all its ingresses at once
+    refused_by: int | None = None  # a 409's `stored_revision`
 
 
 @dataclass(frozen=True)
@@ -109,7 +110,8 @@ def check(history: History) -> list[Violation]:
 
 
 def _slice(requests: Iterable[Request]) -> str:
-    return "; ".join(f"{r.client} {r.op} rev {r.revision} [{r.invoked:.3f}-{r.completed:.3f}] -> {r.status}" for r in requests)
+    return "; ".join(f"{r.client} {r.op} rev {r.revision} [{r.invoked:.3f}-{r.completed:.3f}] -> {r.status}"
+                     f"{f' (stored {r.refused_by})' if r.refused_by is not None else ''}" for r in requests)
 
 
 def acknowledged_kept(requests: Sequence[Request], final: Mapping[str, Stored]) -> list[Violation]:

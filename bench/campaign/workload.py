@@ -10,6 +10,7 @@ sends one request to two sidecars at once, and removes without a revision.
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 import time
 from collections import Counter
@@ -116,15 +117,18 @@ class Workload:
 
     async def _one(self, name: str, op: str, items: list[Item], api: str, timeout: float) -> int:
         invoked = self.now()
-        status = 0
+        status, refused_by = 0, None
         try:
             async with self.http.post(f"{api}/v2/ingress/{op}", json={"ingresses": [i.body for i in items]}, headers=HEADERS,
                                       timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
-                await resp.read()
+                body = await resp.read()
                 status = resp.status
+            if status == 409:
+                refused_by = json.loads(body)["data"]["stored_revision"]
         except (aiohttp.ClientError, TimeoutError):
             await asyncio.sleep(0.05)  # a refused connection answers at once: don't spin on a dead sidecar
         completed = self.now()
         self.calls += 1
-        self.requests.extend(Request(name, op, i.ingress, i.revision, invoked, completed, status, self.calls) for i in items)
+        self.requests.extend(Request(name, op, i.ingress, i.revision, invoked, completed, status, self.calls, refused_by)
+                             for i in items)
         return status
