@@ -17,10 +17,16 @@ DURATION = os.environ.get("EXPORTER_CAMPAIGN_DURATION", "60")
 
 
 def campaign(workdir: Path, seed: int, duration: str, *extra: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "bench.campaign", "--duration", duration, "--seed", str(seed), "--workdir", str(workdir), *extra],
-        capture_output=True, text=True, timeout=float(duration) + 300,
-    )
+    """Run it to the end; past its time, SIGTERM (it stops what it started) and fail."""
+    args = [sys.executable, "-m", "bench.campaign", "--duration", duration, "--seed", str(seed), "--workdir", str(workdir), *extra]
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        out, err = proc.communicate(timeout=float(duration) + 300)
+    except subprocess.TimeoutExpired:
+        proc.terminate()
+        out, err = proc.communicate(timeout=60)
+        pytest.fail(f"the campaign did not end in time:\n{out[-8000:]}{err[-4000:]}")
+    return subprocess.CompletedProcess(args, proc.returncode, out, err)
 
 
 @pytest.mark.parametrize("seed", [FIXED_SEED, 0], ids=["fixed-seed", "random-seed"])

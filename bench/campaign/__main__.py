@@ -19,6 +19,7 @@ import dataclasses
 import json
 import random
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -72,6 +73,11 @@ async def current_revision(http: aiohttp.ClientSession, world: World) -> int:
 
 async def campaign(args: argparse.Namespace, workdir: Path) -> int:
     """Run one campaign; 0 when the checker finds nothing."""
+    # SIGTERM or ^C: cancelled, so that everything started is stopped again.
+    task = asyncio.current_task()
+    assert task is not None
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        asyncio.get_running_loop().add_signal_handler(sig, task.cancel)
     command = [sys.executable, "-m", "bench.campaign.defects", args.defect] if args.defect else None
     world = World(workdir, command)
     connector = aiohttp.TCPConnector(limit=200)
@@ -159,7 +165,11 @@ def main() -> None:
     print(f"campaign seed {args.seed} duration {args.duration:.0f}s{f' defect {args.defect}' if args.defect else ''}", flush=True)
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="campaign-"))
     workdir.mkdir(parents=True, exist_ok=True)
-    code = asyncio.run(campaign(args, workdir))
+    try:
+        code = asyncio.run(campaign(args, workdir))
+    except asyncio.CancelledError:
+        print(f"interrupted; logs under {workdir}")
+        sys.exit(130)
     if code == 0 and args.workdir is None:
         shutil.rmtree(workdir, ignore_errors=True)  # kept when something was found
     sys.exit(code)

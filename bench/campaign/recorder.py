@@ -50,7 +50,8 @@ class Recorder:
                                    "progress_notify": True}}
         timeout = aiohttp.ClientTimeout(total=None, sock_connect=2, sock_read=15)
         async with self.http.post(f"{url}/v3/watch", json=body, timeout=timeout) as resp:
-            while line := await resp.content.readline():
+            # One message holds every event of a batch of revisions: a catch-up after a resume is large.
+            while line := await resp.content.readline(max_line_length=256 * 1024 * 1024):
                 result = json.loads(line).get("result", {})
                 if result.get("canceled"):
                     raise ValueError(f"watch canceled: {result.get('cancel_reason')}")
