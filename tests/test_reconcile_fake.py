@@ -208,6 +208,35 @@ async def test_an_upsert_and_a_remove_gathered_over_an_older_tombstone_leave_the
             await rec.submit([record(iid, revision=2, upstream=UP)])
 
 
+@pytest.mark.parametrize("refused_first", [True, False])
+async def test_a_refused_request_leaves_another_request_for_the_same_ingress_in_the_batch_written(
+    etcd: FakeEtcd, refused_first: bool
+) -> None:
+    # X turns stale under request A = {X, Y}; request B changes Y alone in the same burst. A is
+    # refused whole, B is written, from its own record whether it came before A or after it.
+    x, y = uid(), uid()
+    async with running(etcd, coalesce_window=1.5) as rec, running(etcd) as peer:
+        await rec.submit([record(x, upstream=UP), record(y, upstream=UP)])
+        y_of_a, y_of_b = (3, 2) if not refused_first else (2, 3)
+        a = rec.submit([record(x, revision=2, upstream=UP), record(y, revision=y_of_a, upstream=UP)])
+        b = rec.submit([record(y, revision=y_of_b, upstream=UP)])
+        waiting = asyncio.gather(*((a, b) if refused_first else (b, a)), return_exceptions=True)
+        await asyncio.sleep(0)
+        await peer.submit([record(x, revision=5, upstream=UP)])
+
+        async def adopted() -> bool:
+            stored = rec.store.get(IngressRef(AUTHORITY, x))
+            return stored is not None and stored.revision == 5
+
+        await eventually(adopted, timeout=1)
+        answers = await waiting
+        refused, answered = answers if refused_first else answers[::-1]
+        assert isinstance(refused, StaleRevisionError) and refused.data["id"] == x
+        assert answered is None
+        value = etcd.value(LAYOUT.record_key(IngressRef(AUTHORITY, y)))
+        assert value is not None and decode_record(value).revision == y_of_b
+
+
 def test_a_record_we_committed_does_not_replace_a_newer_one_the_watch_brought_first() -> None:
     # Our transaction's reply and a peer's later commit race: when the watch delivers the peer's
     # first, taking ours afterwards would make the next plan write our older record back.

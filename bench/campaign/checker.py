@@ -12,8 +12,10 @@ a sentence, and a violation names the ingress and the slice of the history that 
    committed); a live record was written by an upsert of its revision, a tombstone by a remove.
    Every request carries a revision of its own, so a stored revision names its request.
 2. No 409 without cause: a stale-revision answer for revision r of an ingress came after some
-   other request with a revision >= r for it had been sent, one that etcd stored at some point or
-   that got no definite answer (checked against a pending revision that then failed).
+   other request with a revision >= r for it had been sent, one that etcd stored at some point,
+   that got no definite answer, or whose revision the 409 names as the one it was refused
+   against (requests are checked against the newest accepted revision, pending or committed:
+   a pending one may fail afterwards).
 3. History: at no etcd revision does a router refer to a missing service, middleware or
    transport, and no record's revision ever decreases.
 4. `diff` finds nothing on any root at the end.
@@ -205,7 +207,7 @@ def conflicts_with_cause(requests: Sequence[Request], stored: Mapping[str, set[i
     def caused(answer: Request) -> bool:
         return answer.revision is None or any(
             r is not answer and r.revision is not None and r.revision >= answer.revision and r.invoked <= answer.completed
-            and (r.revision in stored.get(answer.ingress, ()) or not definite(r.status))
+            and (r.revision in stored.get(answer.ingress, ()) or not definite(r.status) or r.revision == answer.refused_by)
             for r in by_ingress[answer.ingress]
         )
 

@@ -14,11 +14,11 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from loguru import logger
 
-from ..errors import EtcdError, EtcdUnavailable, ExporterError
+from ..errors import EtcdError, EtcdUnavailable
 from ..keys import IngressRef
 from ..plan.format import format_plan
 from ..plan.plan import Plan, UnitPlan
@@ -29,7 +29,8 @@ from ..write import metrics
 from ..write.observed import Observed
 from ..write.pacer import Pacer
 from ..write.writer import ApplyResult, Writer
-from .intents import NOT_WRITTEN, Outcome, peer_verdict
+from .intents import NOT_WRITTEN, Outcome
+from .judge import Calls, Judge
 from .mirror import Mirror
 
 _MAX_CONFLICT_RETRIES = 8
@@ -48,6 +49,8 @@ class Batch:
     requested: dict[IngressRef, int]
     wanted: dict[IngressRef, Record]
     dirty: dict[IngressRef, str]
+    # Every request of the batch that changes each ingress, in order (request, record).
+    calls: Calls = field(default_factory=dict)
 
 
 class Committer:
@@ -76,6 +79,7 @@ class Committer:
         self._leader = leader
         self._ejections = ejections
         self._desired = desired
+        self._judge = Judge(store, desired)
         self._dry_run = dry_run
         self._last_dry_run = ""
 
@@ -91,7 +95,7 @@ class Committer:
         """Plan and write `refs`, re-reading and re-planning what lost a compare (up to 8 times)."""
         try:
             for attempt in range(_MAX_CONFLICT_RETRIES):
-                conflicted = await self._plan_and_apply(refs, requested, batch.dirty, outcome)
+                conflicted = await self._plan_and_apply(refs, requested, batch, outcome)
                 if not conflicted or outcome.error is not None:
                     return outcome
                 await self._mirror.refresh(conflicted)
@@ -124,46 +128,18 @@ class Committer:
         refs = (u.owner for u in conflicted if u.owner is not None)
         return list(dict.fromkeys(r for r in refs if r in requested or (leader and r not in wanted)))
 
-    def _judged(self, chunk: list[IngressRef], requested: Mapping[IngressRef, int], outcome: Outcome) -> list[IngressRef]:
-        """The ingresses of `chunk` to plan, judged against the records committed now.
-
-        A request is checked against the newest record when it arrives, but a peer may commit
-        a newer one (seen through the watch, or re-read after a conflict) before it is planned:
-        the plan's record guard would then compare against the peer's record and pass. So a
-        record still pending is judged again here, in the same step as the plan: when a peer
-        wrote it already the request is done; when the peer's is newer the request is stale and
-        the pending record is never planned, nor is anything else of its request (a request is
-        all or nothing: its other ingresses get the same answer).
-        """
-        verdicts = {}
-        refused: dict[int, ExporterError] = {}
-        for ref in chunk:
-            desired, stored = self._desired(ref), self._store.latest(ref)
-            verdicts[ref] = verdict = peer_verdict(desired, stored) if desired is not None and desired is not stored else None
-            if isinstance(verdict, ExporterError) and ref in requested:
-                refused.setdefault(requested[ref], verdict)
-        out = []
-        for ref, verdict in verdicts.items():
-            if ref in requested and requested[ref] in refused:
-                outcome.failed[ref] = refused[requested[ref]]
-            elif not isinstance(verdict, ExporterError):
-                if verdict is True and ref in requested:
-                    outcome.done.add(ref)
-                out.append(ref)
-        return out
-
     async def _plan_and_apply(
-        self, refs: list[IngressRef], requested: dict[IngressRef, int], dirty: Mapping[IngressRef, str], outcome: Outcome
+        self, refs: list[IngressRef], requested: dict[IngressRef, int], batch: Batch, outcome: Outcome
     ) -> list[UnitPlan]:
         """Plan and write in chunks, so the next chunk is planned while earlier ones are in flight."""
         applying: list[asyncio.Task[list[UnitPlan]]] = []
         # Paced to a Traefik, revisions under a root cost more than the latency steps save:
         # one plan, packed into the fewest transactions.
         step = max(1, len(refs)) if self._pacer.enabled else _PIPELINE_CHUNK
-        refs = self._judged(refs, requested, outcome)  # the whole batch first: a request spans chunks
+        refs, _ = self._judge.judge(refs, requested, batch.calls, outcome)  # the whole batch first: a request spans chunks
         for start in range(0, len(refs), step):
-            plan, groups = self._plan_step(refs[start : start + step], requested, outcome, include_roots=start == 0)
-            applying.append(asyncio.create_task(self._apply(plan, groups, dirty, outcome)))
+            plan, groups = self._plan_step(refs[start : start + step], requested, batch.calls, outcome, include_roots=start == 0)
+            applying.append(asyncio.create_task(self._apply(plan, groups, batch.dirty, outcome)))
             await asyncio.sleep(0)  # let replies of transactions in flight be handled
         results = await asyncio.gather(*applying, return_exceptions=True)
         conflicted: list[UnitPlan] = []
@@ -174,11 +150,12 @@ class Committer:
         return conflicted
 
     def _plan_step(
-        self, chunk: list[IngressRef], requested: Mapping[IngressRef, int], outcome: Outcome, *, include_roots: bool
+        self, chunk: list[IngressRef], requested: Mapping[IngressRef, int], calls: Calls, outcome: Outcome, *, include_roots: bool
     ) -> tuple[Plan, dict[IngressRef, int]]:
         """The plan of `chunk`, and the request group of each requested ingress in it (render errors fail theirs)."""
-        chunk = self._judged(chunk, requested, outcome)
-        view = {r: record for r in chunk if (record := self._desired(r)) is not None}
+        # Judged in the same step as the plan: nothing the watch brings can come in between.
+        chunk, records = self._judge.judge(chunk, requested, calls, outcome)
+        view = {r: record for r in chunk if (record := records.get(r) or self._desired(r)) is not None}
         plan = self._planner.plan(view, self._observed, chunk, self._ejections, include_roots=include_roots)
         groups = {}
         for ref in chunk:

@@ -35,12 +35,14 @@ class Outcome:
     """What a commit step achieved for the ingresses it was given.
 
     `done`: committed, or already as desired; `failed`: refused or not written, with the
-    error the request gets; `redo`: leader-only changes to plan again later (with the reason
+    error the request gets; `refused`: requests refused whole (each of their ingresses gets
+    that answer, whatever happened to the ingress through another request); `redo`: leader-only changes to plan again later (with the reason
     logged then); `error`: the etcd failure that cut the step short.
     """
 
     done: set[IngressRef] = field(default_factory=set)
     failed: dict[IngressRef, ExporterError] = field(default_factory=dict)
+    refused: dict[int, ExporterError] = field(default_factory=dict)  # requests refused whole, by group
     redo: dict[IngressRef, str] = field(default_factory=dict)
     error: EtcdError | None = None
 
@@ -104,12 +106,22 @@ class Intents:
             out.setdefault(intent.ref, intent.group)
         return out
 
+    @staticmethod
+    def calls(intents: Iterable[Intent]) -> dict[IngressRef, list[tuple[int, Record]]]:
+        """Each ingress with every request that changes it, in order, and the record it asks for."""
+        out: dict[IngressRef, list[tuple[int, Record]]] = {}
+        for intent in intents:
+            out.setdefault(intent.ref, []).append((intent.group, intent.record))
+        return out
+
     def resolve(self, intents: Iterable[Intent], outcome: Outcome) -> None:
         """Answer each intent from `outcome`; one neither done nor failed was not written."""
         for intent in intents:
             if intent.future.done():
                 continue
-            if intent.ref in outcome.done:
+            if intent.group in outcome.refused:
+                self._fail(intent, outcome.refused[intent.group])
+            elif intent.ref in outcome.done:
                 self._store.committed(intent.ref, intent.record)
                 self._drop_pending(intent)
                 intent.future.set_result(None)

@@ -200,7 +200,8 @@ class Loop:
         intents = self._intents.take()
         dirty = self._inbox.take_dirty()
         self._last_batch_requests = len({i.group for i in intents})
-        batch = Batch(requested=Intents.groups(intents), wanted={i.ref: i.record for i in intents}, dirty=dirty)
+        batch = Batch(requested=Intents.groups(intents), wanted={i.ref: i.record for i in intents}, dirty=dirty,
+                      calls=Intents.calls(intents))
         try:
             outcome = await self._committer.commit(batch)
         except Exception:

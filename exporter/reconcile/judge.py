@@ -1,0 +1,81 @@
+"""Pending records judged again when they are planned (pure: records in, a decision out).
+
+A request is checked against the newest record when it arrives, but a peer may commit a newer
+one (seen through the watch, or re-read after a conflict) before the request is planned: the
+plan's record guard would then compare against the peer's record and pass, and the older
+request would win. So every record still pending is judged again by the revision rules in the
+same step as its plan:
+- written by the peer already (or a removal at least as new): the request is done;
+- overtaken: the request is refused, all of it (a request is all or nothing): none of its
+  ingresses is planned from it. Another request of the batch that changes one of them is
+  still written, from its own record; refusing a request can leave an ingress's earlier
+  request as the one to write, which is judged in turn.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+
+from ..errors import ExporterError
+from ..keys import IngressRef
+from ..store.records import Record, RecordStore
+from .intents import Outcome, peer_verdict
+
+Calls = Mapping[IngressRef, Sequence[tuple[int, Record]]]
+
+
+class Judge:
+    """Decides, for one step of a batch, which ingresses are planned and from which record."""
+
+    def __init__(self, store: RecordStore, desired: Callable[[IngressRef], Record | None]) -> None:
+        self._store = store
+        self._desired = desired
+
+    def judge(
+        self, chunk: Sequence[IngressRef], requested: Mapping[IngressRef, int], calls: Calls, outcome: Outcome
+    ) -> tuple[list[IngressRef], dict[IngressRef, Record]]:
+        """The ingresses of `chunk` to plan, and the record to plan where it is not the newest pending one.
+
+        `calls` lists, per ingress, the requests of the batch that change it (request, record) in
+        order; refused requests go into `outcome.refused`, done ingresses into `outcome.done`.
+        """
+        changed = True
+        while changed:  # a refusal can make an ingress's earlier record the one to judge
+            changed = False
+            for ref in chunk:
+                planned, record = self._record(ref, requested, calls, outcome)
+                verdict = self._verdict(record) if planned and ref in requested else None
+                if isinstance(verdict, ExporterError):
+                    for call, _ in calls.get(ref, ()):
+                        if call not in outcome.refused:
+                            outcome.refused[call] = verdict
+                            changed = True
+        out, records = [], {}
+        for ref in chunk:
+            planned, record = self._record(ref, requested, calls, outcome)
+            if not planned:
+                outcome.failed[ref] = outcome.refused[calls[ref][-1][0]]
+                continue
+            verdict = self._verdict(record)
+            if isinstance(verdict, ExporterError):
+                continue  # a pending record of a request not in this batch, overtaken: its batch answers it
+            if verdict is True and ref in requested:
+                outcome.done.add(ref)
+            if record is not None and record is not self._desired(ref):
+                records[ref] = record
+            out.append(ref)
+        return out, records
+
+    def _record(self, ref: IngressRef, requested: Mapping[IngressRef, int], calls: Calls, outcome: Outcome) -> tuple[bool, Record | None]:
+        """(planned at all, the record to plan): the newest pending one unless its request was refused."""
+        mine = calls.get(ref, ()) if ref in requested else ()
+        if not any(call in outcome.refused for call, _ in mine):
+            return True, self._desired(ref)
+        left = [record for call, record in mine if call not in outcome.refused]
+        return (True, left[-1]) if left else (False, None)
+
+    def _verdict(self, record: Record | None) -> ExporterError | bool | None:
+        if record is None:
+            return None
+        stored = self._store.latest(record.key)
+        return None if record is stored else peer_verdict(record, stored)
