@@ -102,7 +102,14 @@ async def _run(args: argparse.Namespace, workdir: Path, world: World, http: aioh
     sampling = asyncio.create_task(sample_rss(world, rss, sampling_done))
     load = asyncio.create_task(workload.run(args.clients))
     drawing = asyncio.create_task(faults.run(args.mean_fault_gap))
-    await asyncio.sleep(args.duration)
+    try:
+        await asyncio.sleep(args.duration)
+    except asyncio.CancelledError:  # interrupted: heal first, so that no fault restarts a part after the stop
+        workload.stop()
+        await faults.heal()
+        sampling_done.set()
+        recording.cancel()
+        raise
     workload.stop()
     await load
     await faults.heal()
