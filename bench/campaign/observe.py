@@ -92,3 +92,32 @@ async def observe(http: aiohttp.ClientSession, world: World, workdir: Path) -> O
         final=final, diff_exit={"+".join(root_of(a) for a in AUTHORITIES): code}, diff_output=output,
         served=await served_hosts(http, world, hosts), ready=await world.readiness(http), leading=await world.leading(http),
     )
+
+
+async def etcd_diverged(http: aiohttp.ClientSession, world: World, revision: int, timeout: float = 30) -> list[str]:
+    """Members that do not hold the same data at `revision` (empty: etcd stayed consistent).
+
+    Each member, read alone (serializable), must reach `revision` and hash its keyspace there
+    to the same value: a member that skipped writes it acknowledged through raft (etcd
+    3.5.0-3.5.2 after a SIGKILL under load) never gets there, or hashes otherwise.
+    """
+    hashes: dict[str, int] = {}
+    problems = []
+    for member in world.members:
+        name = f"member {member.client_port}"
+        deadline = asyncio.get_running_loop().time() + timeout
+        while True:
+            async with http.post(member.url + "/v3/kv/range", json={"key": b64("\0"), "keys_only": True, "limit": "1",
+                                                                   "serializable": True}) as resp:
+                at = int((await resp.json())["header"]["revision"])
+            if at >= revision or asyncio.get_running_loop().time() > deadline:
+                break
+            await asyncio.sleep(0.2)
+        if at < revision:
+            problems.append(f"{name} is at revision {at}, the cluster at {revision}")
+            continue
+        async with http.post(member.url + "/v3/maintenance/hashkv", json={"revision": str(revision)}) as resp:
+            hashes[name] = int((await resp.json())["hash"])
+    if len(set(hashes.values())) > 1:
+        problems.append(f"hashes of the keyspace at revision {revision} differ: {hashes}")
+    return problems

@@ -133,8 +133,10 @@ class Traefik:
 class World:
     """Starts and stops the whole set-up; the faults act on its parts."""
 
-    def __init__(self, workdir: Path, sidecar_command: list[str] | None = None, backends: int = 4) -> None:
+    def __init__(self, workdir: Path, sidecar_command: list[str] | None = None, backends: int = 4,
+                 etcd_binary: str | None = None) -> None:
         self.workdir = workdir
+        self.etcd_binary = etcd_binary
         self.command = sidecar_command or [sys.executable, "-m", "exporter"]
         self.members: list[EmbeddedEtcd] = []
         self.traefiks: list[Traefik] = []
@@ -147,7 +149,7 @@ class World:
 
     async def start(self, http: aiohttp.ClientSession) -> None:
         """Bring everything up and wait until every sidecar is ready and one leads."""
-        self.members = await asyncio.to_thread(start_cluster, self.workdir)
+        self.members = await asyncio.to_thread(start_cluster, self.workdir, binary=self.etcd_binary)
         for backend in self.backends:
             await backend.start()
         joined = ",".join(url.removeprefix("http://") for url in self.endpoints)
