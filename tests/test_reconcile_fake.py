@@ -237,6 +237,28 @@ async def test_a_refused_request_leaves_another_request_for_the_same_ingress_in_
         assert value is not None and decode_record(value).revision == y_of_b
 
 
+async def test_a_removal_a_peer_made_newer_while_ours_waits_is_kept_and_ours_answered(etcd: FakeEtcd) -> None:
+    # Our remove without a revision leaves a tombstone of 1; before it is planned a peer stores 2
+    # and removes it at 2. Ours is done (removed already, and newer), and must not go back over it.
+    iid, other = uid(), uid()
+    ref = IngressRef(AUTHORITY, iid)
+    async with running(etcd, coalesce_window=1.5) as rec, running(etcd) as peer:
+        await rec.submit([record(iid, upstream=UP)])
+        waiting = asyncio.gather(rec.submit([], [Removal(ref, None)]), rec.submit([record(other, upstream=UP)]))
+        await asyncio.sleep(0)
+        await peer.submit([record(iid, revision=2, upstream=UP)])
+        await peer.submit([], [Removal(ref, 2)])
+
+        async def adopted() -> bool:
+            stored = rec.store.latest(ref)
+            return stored is not None and stored.removed and stored.revision == 2
+
+        await eventually(adopted, timeout=1)
+        await waiting
+        value = etcd.value(LAYOUT.record_key(ref))
+        assert value is not None and decode_record(value).removed and decode_record(value).revision == 2
+
+
 def test_a_record_we_committed_does_not_replace_a_newer_one_the_watch_brought_first() -> None:
     # Our transaction's reply and a peer's later commit race: when the watch delivers the peer's
     # first, taking ours afterwards would make the next plan write our older record back.

@@ -5,7 +5,8 @@ one (seen through the watch, or re-read after a conflict) before the request is 
 plan's record guard would then compare against the peer's record and pass, and the older
 request would win. So every record still pending is judged again by the revision rules in the
 same step as its plan:
-- written by the peer already (or a removal at least as new): the request is done;
+- written by the peer already (or a removal at least as new): the request is done, and the
+  ingress is planned from what etcd holds;
 - overtaken: the request is refused, all of it (a request is all or nothing): none of its
   ingresses is planned from it. Another request of the batch that changes one of them is
   still written, from its own record; refusing a request can leave an ingress's earlier
@@ -59,8 +60,12 @@ class Judge:
             verdict = self._verdict(record)
             if isinstance(verdict, ExporterError):
                 continue  # a pending record of a request not in this batch, overtaken: its batch answers it
-            if verdict is True and ref in requested:
-                outcome.done.add(ref)
+            if verdict is True:
+                # etcd holds what was asked, or a removal newer than the one asked: plan from that,
+                # never the pending record (an older tombstone would go back over the newer one).
+                if ref in requested:
+                    outcome.done.add(ref)
+                record = self._store.latest(ref)
             if record is not None and record is not self._desired(ref):
                 records[ref] = record
             out.append(ref)
