@@ -138,6 +138,7 @@ async def _run(args: argparse.Namespace, workdir: Path, world: World, http: aioh
         print(f"seed {args.seed}: void, etcd lost writes on a member (etcd 3.5.0-3.5.2 after a SIGKILL under load, "
               f"fixed in 3.5.3); the checker's {len(violations)} violation(s) say nothing about the exporter; logs under {workdir}")
         return VOID
+    print(f"etcd: the {len(world.members)} members hold the same keyspace at revision {end}")
     for violation in violations:
         print(f"VIOLATION {violation}")
     if violations:

@@ -4,6 +4,7 @@ what each Traefik serves, each sidecar's readiness and leadership."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import sys
 from dataclasses import dataclass, field
@@ -97,11 +98,12 @@ async def observe(http: aiohttp.ClientSession, world: World, workdir: Path) -> O
 async def etcd_diverged(http: aiohttp.ClientSession, world: World, revision: int, timeout: float = 30) -> list[str]:
     """Members that do not hold the same data at `revision` (empty: etcd stayed consistent).
 
-    Each member, read alone (serializable), must reach `revision` and hash its keyspace there
-    to the same value: a member that skipped writes it acknowledged through raft (etcd
-    3.5.0-3.5.2 after a SIGKILL under load) never gets there, or hashes otherwise.
+    Each member, read alone (serializable), must reach `revision` and hold the same keyspace
+    there (every key, value and mod revision; etcd's HashKV is not on its gateway): a member
+    that skipped writes it acknowledged through raft (etcd 3.5.0-3.5.2 after a SIGKILL under
+    load) never gets there, or holds other data.
     """
-    hashes: dict[str, int] = {}
+    hashes: dict[str, str] = {}
     problems = []
     for member in world.members:
         name = f"member {member.client_port}"
@@ -116,8 +118,13 @@ async def etcd_diverged(http: aiohttp.ClientSession, world: World, revision: int
         if at < revision:
             problems.append(f"{name} is at revision {at}, the cluster at {revision}")
             continue
-        async with http.post(member.url + "/v3/maintenance/hashkv", json={"revision": str(revision)}) as resp:
-            hashes[name] = int((await resp.json())["hash"])
+        body = {"key": b64("\0"), "range_end": b64("\0"), "revision": str(revision), "serializable": True}
+        async with http.post(member.url + "/v3/kv/range", json=body) as resp:
+            kvs = (await resp.json()).get("kvs", [])
+        digest = hashlib.sha256()
+        for kv in sorted(kvs, key=lambda kv: kv["key"]):
+            digest.update(f"{kv['key']} {kv['mod_revision']} {kv.get('value', '')}\n".encode())
+        hashes[name] = digest.hexdigest()[:16]
     if len(set(hashes.values())) > 1:
-        problems.append(f"hashes of the keyspace at revision {revision} differ: {hashes}")
+        problems.append(f"the keyspaces at revision {revision} differ: {hashes}")
     return problems
