@@ -29,7 +29,7 @@ from pathlib import Path
 import aiohttp
 
 from . import VOID
-from .checker import History, check
+from .checker import History, Violation, check
 from .faults import Faults
 from .observe import Observation, etcd_diverged, observe
 from .recorder import Recorder, b64
@@ -132,13 +132,19 @@ async def _run(args: argparse.Namespace, workdir: Path, world: World, http: aioh
         {"requests": [dataclasses.asdict(r) for r in history.requests], "etcd": history.etcd,
          "faults": [dataclasses.asdict(f) for f in faults.done]}))
     _report(args, workload, faults, history, took, recorder)
+    return _verdict(args, workdir, violations, diverged, seen, f"the {len(world.members)} members hold the same keyspace at revision {end}")
+
+
+def _verdict(args: argparse.Namespace, workdir: Path, violations: list[Violation], diverged: list[str], seen: Observation,
+             consistent: str) -> int:
+    """Print what was found; the exit code (0 nothing, 1 violations, VOID when etcd itself lost writes)."""
     if diverged:
         # etcd itself lost writes it had acknowledged: nothing the exporter did can be judged.
         print(f"ETCD DIVERGED: {'; '.join(diverged)}")
         print(f"seed {args.seed}: void, etcd lost writes on a member (etcd 3.5.0-3.5.2 after a SIGKILL under load, "
               f"fixed in 3.5.3); the checker's {len(violations)} violation(s) say nothing about the exporter; logs under {workdir}")
         return VOID
-    print(f"etcd: the {len(world.members)} members hold the same keyspace at revision {end}")
+    print(f"etcd: {consistent}")
     for violation in violations:
         print(f"VIOLATION {violation}")
     if violations:
