@@ -219,7 +219,8 @@ def conflicts_with_cause(requests: Sequence[Request], stored: Mapping[str, set[i
     for refused in batches.values():
         if not any(caused(answer) for answer in refused):
             out.extend(Violation(2, a.ingress, f"409 for revision {a.revision} with no request of that revision or newer "
-                                               f"sent before it and stored or unanswered: {_slice([a])}") for a in refused)
+                                               f"sent before it that etcd stored, got no answer or the 409 names: {_slice([a])}")
+                       for a in refused)
     return out
 
 

@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 import exporter.leader
 import exporter.plan.plan
-import exporter.reconcile.commit
+import exporter.reconcile.judge
 import exporter.reconcile.reconciler
 from exporter.cli import main
 from exporter.errors import StaleRevisionError
@@ -53,7 +53,7 @@ def no_revision_check() -> None:
         return "apply"
 
     _patch(exporter.reconcile.reconciler, "classify_upsert", apply)
-    _patch(exporter.reconcile.commit, "peer_verdict", lambda _wanted, _stored: None)
+    _patch(exporter.reconcile.judge, "peer_verdict", lambda _wanted, _stored: None)
 
 
 def refuse_newer() -> None:
