@@ -85,6 +85,16 @@ def rule_key(iid: str) -> str:
     return f"{ROOT}/http/routers/{AUTHORITY}_{iid}/rule"
 
 
+async def until_adopted(rec: Reconciler, ref: IngressRef, revision: int, removed: bool = False) -> None:
+    """Wait until the watch has brought a peer's record of `revision` (a tombstone when `removed`) into `rec`'s view."""
+
+    async def adopted() -> bool:
+        stored = rec.store.latest(ref)
+        return stored is not None and stored.revision == revision and stored.removed == removed
+
+    await eventually(adopted, timeout=1)
+
+
 async def test_a_request_is_answered_once_committed_and_a_retry_writes_nothing(etcd: FakeEtcd) -> None:
     iid = uid()
     async with running(etcd, leader=Leader()) as rec:
@@ -159,11 +169,7 @@ async def test_a_newer_record_a_peer_commits_while_a_request_waits_to_be_planned
         await asyncio.sleep(0)  # both requests staged: the loop gathers them as one burst
         await peer.submit([record(iid, revision=3, upstream={"servers": [{"url": "http://10.0.0.9:8000"}]})])
 
-        async def adopted() -> bool:
-            stored = rec.store.get(ref)
-            return stored is not None and stored.revision == 3
-
-        await eventually(adopted, timeout=1)
+        await until_adopted(rec, ref, 3)
         refused, answered = await waiting
         assert isinstance(refused, StaleRevisionError) and refused.data["stored_revision"] == 3
         assert answered is None
@@ -181,11 +187,7 @@ async def test_a_request_one_of_whose_ingresses_turns_stale_before_its_plan_writ
         await asyncio.sleep(0)
         await peer.submit([record(iid, revision=3, upstream=UP)])
 
-        async def adopted() -> bool:
-            stored = rec.store.get(IngressRef(AUTHORITY, iid))
-            return stored is not None and stored.revision == 3
-
-        await eventually(adopted, timeout=1)
+        await until_adopted(rec, IngressRef(AUTHORITY, iid), 3)
         refused, answered = await waiting
         assert isinstance(refused, StaleRevisionError) and refused.data["id"] == iid
         assert answered is None and etcd.value(rule_key(alone)) is not None
@@ -224,11 +226,7 @@ async def test_a_refused_request_leaves_another_request_for_the_same_ingress_in_
         await asyncio.sleep(0)
         await peer.submit([record(x, revision=5, upstream=UP)])
 
-        async def adopted() -> bool:
-            stored = rec.store.get(IngressRef(AUTHORITY, x))
-            return stored is not None and stored.revision == 5
-
-        await eventually(adopted, timeout=1)
+        await until_adopted(rec, IngressRef(AUTHORITY, x), 5)
         answers = await waiting
         refused, answered = answers if refused_first else answers[::-1]
         assert isinstance(refused, StaleRevisionError) and refused.data["id"] == x
@@ -249,11 +247,7 @@ async def test_a_removal_a_peer_made_newer_while_ours_waits_is_kept_and_ours_ans
         await peer.submit([record(iid, revision=2, upstream=UP)])
         await peer.submit([], [Removal(ref, 2)])
 
-        async def adopted() -> bool:
-            stored = rec.store.latest(ref)
-            return stored is not None and stored.removed and stored.revision == 2
-
-        await eventually(adopted, timeout=1)
+        await until_adopted(rec, ref, 2, removed=True)
         await waiting
         value = etcd.value(LAYOUT.record_key(ref))
         assert value is not None and decode_record(value).removed and decode_record(value).revision == 2
