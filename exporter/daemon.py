@@ -201,6 +201,26 @@ def _status_view(daemon: Daemon) -> StatusView:
     )
 
 
+def _push_api(daemon: Daemon) -> web.Application | None:
+    """The push API of `daemon` (None when disabled); refuses to serve it without a token beyond loopback."""
+    api = daemon.settings.api
+    if not api.enabled:
+        return None
+    token, jwt_secret = daemon.settings.api_token(), daemon.settings.api_jwt_secret()
+    if token is None and jwt_secret is None:
+        if not (api.allow_unauthenticated_loopback and is_loopback(api.listen)):
+            raise ConfigError(
+                "api: no token configured (api.token_file or EXPORTER_API__TOKEN); to serve the push API "
+                "without one, set api.allow_unauthenticated_loopback and a loopback api.listen, "
+                "or set api.enabled false"
+            )
+        logger.warning("push API on {} accepts requests without a token (loopback only)", api.listen)
+    return push_api_app(
+        daemon.reconciler, token=token, jwt_secret=jwt_secret, max_body_bytes=api.max_body_bytes,
+        ready=daemon.accepting, serving=daemon.serving, refused=daemon.events.refused,
+    )
+
+
 def _control_server(daemon: Daemon) -> web.Application:
     """The control server's application: monitoring, health, convergence, events and the status page."""
     routes = healthcheck_routes(
@@ -304,31 +324,14 @@ class Daemon:
             reasons += self.discovery.readiness()
         return reasons + self.edge.ca_files.problems() + self.supervisor.readiness()
 
-    def _accepting(self) -> bool:
+    def accepting(self) -> bool:
+        """True when pushes can be taken: synced with etcd, and etcd answers."""
         status = self.reconciler.status
         return status.synced and status.etcd_ok and self.etcd.reachability().reachable is not False
 
-    def _push_api(self) -> web.Application | None:
-        api = self.settings.api
-        if not api.enabled:
-            return None
-        token, jwt_secret = self.settings.api_token(), self.settings.api_jwt_secret()
-        if token is None and jwt_secret is None:
-            if not (api.allow_unauthenticated_loopback and is_loopback(api.listen)):
-                raise ConfigError(
-                    "api: no token configured (api.token_file or EXPORTER_API__TOKEN); to serve the push API "
-                    "without one, set api.allow_unauthenticated_loopback and a loopback api.listen, "
-                    "or set api.enabled false"
-                )
-            logger.warning("push API on {} accepts requests without a token (loopback only)", api.listen)
-        return push_api_app(
-            self.reconciler, token=token, jwt_secret=jwt_secret, max_body_bytes=api.max_body_bytes,
-            ready=self._accepting, serving=self.serving, refused=self.events.refused,
-        )
-
     async def start(self) -> None:
         """Serve the control API, sync with etcd, then apply the sources and serve the push API."""
-        push_api = self._push_api()
+        push_api = _push_api(self)
         control, api = self.settings.control, self.settings.api
         control_tls = _server_tls(control.tls_cert_file, control.tls_key_file, "control")
         self._runners.append(await _serve(_control_server(self), control.listen, control_tls))

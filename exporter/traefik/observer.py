@@ -118,6 +118,52 @@ class Checks:
         return True
 
 
+class Diagnosis:
+    """Why a root is not served: keys Traefik's decoder rejects under it, and routers Traefik reports broken."""
+
+    def __init__(self, layout: KeyLayout, observed: Observed, store: RecordStore, max_lag: float) -> None:
+        self._layout = layout
+        self._observed = observed
+        self._store = store
+        self._max_lag = max_lag
+        self._last_scan = 0.0
+        self.broken: list[dict[str, Any]] = []  # what Traefik's API last listed
+
+    def rescan(self) -> None:
+        """Scan at the next update, whatever the time since the last scan."""
+        self._last_scan = 0.0
+
+    def update(self, view: RootConvergence, now: float) -> None:
+        """Set the root's blocking keys and router errors."""
+        self._scan(view, now)
+        view.router_errors = self._router_errors(view.root)
+
+    def _scan(self, view: RootConvergence, now: float) -> None:
+        # A full scan of the root's keys: only once Traefik has been behind for longer than an
+        # ordinary reload takes (at a large root, three of its measured apply times), and then
+        # at most once a second.
+        ordinary = max(_SCAN_AFTER, 3 * statistics.median(view.applies)) if view.applies else _SCAN_AFTER
+        if view.state == "converged" or view.lag_seconds < min(ordinary, self._max_lag / 2):
+            view.blocking_keys = []
+            return
+        if now - self._last_scan < _SCAN_EVERY:
+            return
+        self._last_scan = now
+        view.blocking_keys = blocking_keys(view.root, self._observed.under_root(view.root), self._layout, self._owned)
+
+    def _owned(self, ref: IngressRef) -> bool:
+        return ref in self._store.records
+
+    def _router_errors(self, root: str) -> list[dict[str, Any]]:
+        out = []
+        for router in self.broken:
+            name = str(router.get("name", "")).partition("@")[0]
+            ref = self._layout.owner_of_object(name)
+            if ref is not None and self._owned(ref) and self._layout.root(ref.authority) == root:
+                out.append({"router": name, "status": router.get("status"), "errors": list(router.get("error") or [])})
+        return sorted(out, key=lambda e: str(e["router"]))
+
+
 class TraefikObserver:
     """Follows one Traefik through its API; `roots()`, `served()`, `wait_served()` and `readiness()` report it."""
 
@@ -135,9 +181,9 @@ class TraefikObserver:
         self._served_root: str | None = None
         self._shown: str | None = None
         self._unreachable_since: float | None = None
-        self._broken: list[dict[str, Any]] = []
-        self._last_poll = self._last_routers = self._last_scan = 0.0
+        self._last_poll = self._last_routers = 0.0
         self._checks = Checks()
+        self._diagnosis = Diagnosis(layout, observed, store, max_lag)
         # Told of every change of a root's state: (root, new state, a sentence).
         self.state_changed: Callable[[str, State, str], None] | None = None
 
@@ -173,7 +219,7 @@ class TraefikObserver:
             self._shown = await self.api.beacon()
             if now - self._last_routers >= self._poll_interval:
                 self._last_routers = now
-                self._broken = await self.api.broken_routers()
+                self._diagnosis.broken = await self.api.broken_routers()
             if self._unreachable_since is not None:
                 logger.info("Traefik's API at {} answers again", self.api.url)
             self._unreachable_since = None
@@ -236,12 +282,11 @@ class TraefikObserver:
                        "traefik {} on {} (committed {}, applied {})", state, view.root,
                        view.committed_revision, view.applied_revision)
             view.state, view.since = state, time.time()
-            self._last_scan = 0.0  # a new state gets a fresh report
+            self._diagnosis.rescan()  # a new state gets a fresh report
             if self.state_changed is not None:
                 self.state_changed(view.root, state, f"traefik {state} on {view.root} (committed {view.committed_revision}, "
                                    f"applied {view.applied_revision})")
-        self._scan(view, now)
-        view.router_errors = self._router_errors(view.root)
+        self._diagnosis.update(view, now)
 
     @staticmethod
     def _applied_after(view: RootConvergence, history: list[BeaconWrite], now: float) -> None:
@@ -260,31 +305,6 @@ class TraefikObserver:
             if write.value == self._shown:
                 return write.revision
         return 0  # older than anything this exporter has seen
-
-    def _scan(self, view: RootConvergence, now: float) -> None:
-        # A full scan of the root's keys: only once Traefik has been behind for longer than an
-        # ordinary reload takes (at a large root, three of its measured apply times), and then
-        # at most once a second.
-        ordinary = max(_SCAN_AFTER, 3 * statistics.median(view.applies)) if view.applies else _SCAN_AFTER
-        if view.state == "converged" or view.lag_seconds < min(ordinary, self._max_lag / 2):
-            view.blocking_keys = []
-            return
-        if now - self._last_scan < _SCAN_EVERY:
-            return
-        self._last_scan = now
-        view.blocking_keys = blocking_keys(view.root, self._observed.under_root(view.root), self._layout, self._owned)
-
-    def _owned(self, ref: IngressRef) -> bool:
-        return ref in self._store.records
-
-    def _router_errors(self, root: str) -> list[dict[str, Any]]:
-        out = []
-        for router in self._broken:
-            name = str(router.get("name", "")).partition("@")[0]
-            ref = self._layout.owner_of_object(name)
-            if ref is not None and self._owned(ref) and self._layout.root(ref.authority) == root:
-                out.append({"router": name, "status": router.get("status"), "errors": list(router.get("error") or [])})
-        return sorted(out, key=lambda e: str(e["router"]))
 
     # ----- views
 
