@@ -20,6 +20,14 @@
     return node;
   }
 
+  // Replace the children of `id` with one made per item (left as it is when there are none).
+  function refill(id, items, make) {
+    const parent = document.getElementById(id);
+    if (parent && items.length) {
+      parent.replaceChildren(...items.map(make));
+    }
+  }
+
   function flag(value) {
     return value === null || value === undefined ? "unknown" : value ? "yes" : "no";
   }
@@ -53,11 +61,7 @@
   }
 
   function roots(list) {
-    const tbody = document.getElementById("roots");
-    if (!tbody || !list.length) {
-      return;
-    }
-    tbody.replaceChildren(...list.map((r) => {
+    refill("roots", list, (r) => {
       const tr = el("tr", "state-" + r.state);
       const apply = r.apply_seconds ? r.apply_seconds.last + " / " + r.apply_seconds.median : "-";
       for (const [cls, text] of [["", r.root], ["state", r.state], ["", r.committed_revision], ["", r.applied_revision],
@@ -70,7 +74,7 @@
       }
       tr.appendChild(blocking);
       return tr;
-    }));
+    });
   }
 
   function rows(page) {
@@ -116,11 +120,7 @@
   }
 
   function events(list) {
-    const ol = document.getElementById("event-list");
-    if (!ol || !list.length) {
-      return;
-    }
-    ol.replaceChildren(...list.map((e) => {
+    refill("event-list", list, (e) => {
       const li = el("li", "kind-" + e.kind);
       li.appendChild(el("time", "", e.at));
       li.appendChild(document.createTextNode(" "));
@@ -132,7 +132,7 @@
       }
       li.appendChild(el("span", "text", e.text));
       return li;
-    }));
+    });
   }
 
   // At most once a second, and never more than a fifth of the time: at 10,000 ingresses one
