@@ -28,11 +28,13 @@ from pathlib import Path
 
 import aiohttp
 
+from exporter.etcd.types import b64
+
 from . import VOID
 from .checker import History, Violation, check
 from .faults import Faults
 from .observe import Observation, etcd_diverged, observe
-from .recorder import Recorder, b64
+from .recorder import Recorder
 from .workload import Workload
 from .world import AUTHORITIES, RECORDS, World, root_of
 
@@ -65,11 +67,8 @@ async def converge(http: aiohttp.ClientSession, world: World, workdir: Path, tim
 
 async def current_revision(http: aiohttp.ClientSession, world: World) -> int:
     """Write a marker key and return its revision: every earlier revision is before it."""
-    for member in world.members:
-        if member.proc.poll() is None:
-            async with http.post(member.url + "/v3/kv/put", json={"key": b64("campaign/marker"), "value": b64("1")}) as resp:
-                return int((await resp.json())["header"]["revision"])
-    raise RuntimeError("no etcd member answers")
+    answer = await world.gateway(http, "/v3/kv/put", {"key": b64("campaign/marker"), "value": b64("1")})
+    return int(answer["header"]["revision"])
 
 
 async def campaign(args: argparse.Namespace, workdir: Path) -> int:

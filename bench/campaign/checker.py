@@ -116,13 +116,17 @@ def _slice(requests: Iterable[Request]) -> str:
                      f"{f' (stored {r.refused_by})' if r.refused_by is not None else ''}" for r in requests)
 
 
+def _by_ingress(requests: Iterable[Request]) -> dict[str, list[Request]]:
+    out: dict[str, list[Request]] = defaultdict(list)
+    for request in requests:
+        out[request.ingress].append(request)
+    return out
+
+
 def acknowledged_kept(requests: Sequence[Request], final: Mapping[str, Stored]) -> list[Violation]:
     """Rule 1."""
     out = []
-    by_ingress: dict[str, list[Request]] = defaultdict(list)
-    for request in requests:
-        by_ingress[request.ingress].append(request)
-    for ingress, mine in sorted(by_ingress.items()):
+    for ingress, mine in sorted(_by_ingress(requests).items()):
         acked = [r for r in mine if r.status == 204 and r.revision is not None]
         stored = final.get(ingress)
         upserts = [r for r in acked if r.op == "upsert"]
@@ -165,12 +169,8 @@ def durable_when_answered(
             first_stored[ingress].setdefault(revision, etcd_revision)
             so_far = highest_by[ingress]
             so_far.append((etcd_revision, max(revision, so_far[-1][1] if so_far else -1)))
-    by_ingress: dict[str, list[Request]] = defaultdict(list)
-    for request in requests:
-        if request.revision is not None:
-            by_ingress[request.ingress].append(request)
     out = []
-    for ingress, mine in sorted(by_ingress.items()):
+    for ingress, mine in sorted(_by_ingress(r for r in requests if r.revision is not None).items()):
         first_sent: dict[int, float] = {}
         for request in mine:
             first_sent[request.revision or 0] = min(first_sent.get(request.revision or 0, request.invoked), request.invoked)
@@ -200,9 +200,7 @@ def stored_revisions(events: Sequence[tuple[int, dict[str, str | None]]], record
 
 def conflicts_with_cause(requests: Sequence[Request], stored: Mapping[str, set[int]]) -> list[Violation]:
     """Rule 2 (a call of several ingresses is refused as a whole: one caused 409 among them is enough)."""
-    by_ingress: dict[str, list[Request]] = defaultdict(list)
-    for request in requests:
-        by_ingress[request.ingress].append(request)
+    by_ingress = _by_ingress(requests)
 
     def caused(answer: Request) -> bool:
         return answer.revision is None or any(

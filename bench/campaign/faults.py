@@ -20,7 +20,9 @@ from typing import Any
 
 import aiohttp
 
-from .recorder import Recorder, b64
+from exporter.etcd.types import b64
+
+from .recorder import Recorder
 from .world import LEADER_TTL, ROOT, Sidecar, World
 
 FOREIGN_DECODABLE = f"{ROOT}/http/middlewares/campaign-foreign/headers/customResponseHeaders/X-Foreign"
@@ -202,26 +204,11 @@ class Faults:
     async def _compaction(self) -> None:
         # Up to what the recorder has read: the history stays whole.
         start = self.now()
-        await self._gateway("/v3/kv/compaction", {"revision": str(self.recorder.seen)})
+        await self.world.gateway(self.http, "/v3/kv/compaction", {"revision": str(self.recorder.seen)})
         self._record("compaction", str(self.recorder.seen), start)
 
     async def _put(self, key: str, value: str) -> None:
-        await self._gateway("/v3/kv/put", {"key": b64(key), "value": b64(value)})
+        await self.world.gateway(self.http, "/v3/kv/put", {"key": b64(key), "value": b64(value)})
 
     async def _delete(self, key: str) -> None:
-        await self._gateway("/v3/kv/deleterange", {"key": b64(key)})
-
-    async def _gateway(self, path: str, body: dict[str, str]) -> None:
-        """One call to any member that answers (one may be down)."""
-        for _ in range(40):
-            for member in self.world.members:
-                if member.proc.poll() is not None:
-                    continue
-                try:
-                    async with self.http.post(member.url + path, json=body, timeout=aiohttp.ClientTimeout(total=3)) as resp:
-                        if resp.status < 500:  # answered (a compaction to a compacted revision is a 400)
-                            return
-                except (aiohttp.ClientError, TimeoutError):
-                    continue
-            await asyncio.sleep(0.25)
-        raise RuntimeError(f"no etcd member answered {path}")
+        await self.world.gateway(self.http, "/v3/kv/deleterange", {"key": b64(key)})

@@ -12,8 +12,9 @@ from pathlib import Path
 
 import aiohttp
 
+from exporter.etcd.types import b64, b64_range_end, unb64
+
 from .checker import History, Stored, Violation, ready_and_one_leader, served_exactly
-from .recorder import b64, unb64
 from .world import AUTHORITIES, RECORDS, World, root_of
 
 
@@ -38,24 +39,18 @@ class Observation:
 async def stored_records(http: aiohttp.ClientSession, world: World) -> dict[str, Stored]:
     """Every record in etcd, as the checker reads it."""
     prefix = RECORDS + "/"
-    end = prefix[:-1] + chr(ord(prefix[-1]) + 1)
     names = {f"127.0.0.1:{b.port}": b.name for b in world.backends}
-    for member in world.members:
-        if member.proc.poll() is not None:
-            continue
-        async with http.post(member.url + "/v3/kv/range", json={"key": b64(prefix), "range_end": b64(end)}) as resp:
-            kvs = (await resp.json()).get("kvs", [])
-        out = {}
-        for kv in kvs:
-            record = json.loads(unb64(kv.get("value")))
-            ingress = record["ingress"]
-            urls = [s["url"] for s in ingress.get("upstream", {}).get("servers", [])]
-            out[unb64(kv["key"])[len(prefix):]] = Stored(
-                ingress["revision"], bool(record.get("removed")), served=ingress["authority"] == AUTHORITIES[0],
-                bodies=frozenset(names.get(url.removeprefix("http://"), url) for url in urls),
-            )
-        return out
-    raise RuntimeError("no etcd member to read the records from")
+    answer = await world.gateway(http, "/v3/kv/range", {"key": b64(prefix), "range_end": b64_range_end(prefix)})
+    out = {}
+    for kv in answer.get("kvs", []):
+        record = json.loads(unb64(kv.get("value")))
+        ingress = record["ingress"]
+        urls = [s["url"] for s in ingress.get("upstream", {}).get("servers", [])]
+        out[unb64(kv["key"])[len(prefix):]] = Stored(
+            ingress["revision"], bool(record.get("removed")), served=ingress["authority"] == AUTHORITIES[0],
+            bodies=frozenset(names.get(url.removeprefix("http://"), url) for url in urls),
+        )
+    return out
 
 
 async def run_diff(workdir: Path, world: World) -> tuple[int, str]:

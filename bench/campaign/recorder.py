@@ -7,22 +7,15 @@ Compaction would erase history not yet read, so the campaign compacts only up to
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import json
 from collections.abc import Callable
 
 import aiohttp
 
+from exporter.etcd.types import b64, unb64
+
 ChangeSet = dict[str, str | None]
-
-
-def b64(text: str) -> str:
-    return base64.b64encode(text.encode()).decode()
-
-
-def unb64(data: str | None) -> str:
-    return base64.b64decode(data or "").decode()
 
 
 class Recorder:

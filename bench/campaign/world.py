@@ -12,6 +12,7 @@ import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 
@@ -209,6 +210,22 @@ class World:
         """The sidecar leading now, if one says so."""
         leading = await self.leading(http)
         return next((s for s in self.sidecars if leading.get(s.name)), None)
+
+    async def gateway(self, http: aiohttp.ClientSession, path: str, body: dict[str, Any]) -> dict[str, Any]:
+        """One call to etcd's gateway through any member that answers (one may be down), its JSON answer."""
+        for _ in range(40):
+            for member in self.members:
+                if member.proc.poll() is not None:
+                    continue
+                try:
+                    async with http.post(member.url + path, json=body, timeout=aiohttp.ClientTimeout(total=3)) as resp:
+                        if resp.status < 500:  # answered (a compaction to a compacted revision is a 400)
+                            answer: dict[str, Any] = await resp.json()
+                            return answer
+                except (aiohttp.ClientError, TimeoutError):
+                    continue
+            await asyncio.sleep(0.25)
+        raise RuntimeError(f"no etcd member answered {path}")
 
     def raft_leader(self) -> EmbeddedEtcd | None:
         """The etcd member that is the raft leader, if one answers."""

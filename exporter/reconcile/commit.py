@@ -44,13 +44,16 @@ _BULK = 1000
 
 @dataclass
 class Batch:
-    """Ingresses to write now: those requests change (with their request's group) and the dirty ones."""
+    """Ingresses to write now: every request of the batch that changes each ingress, in order
+    (request, record), and the dirty ones."""
 
-    requested: dict[IngressRef, int]
-    wanted: dict[IngressRef, Record]
-    dirty: dict[IngressRef, str]
-    # Every request of the batch that changes each ingress, in order (request, record).
-    calls: Calls = field(default_factory=dict)
+    calls: Calls
+    dirty: dict[IngressRef, str] = field(default_factory=dict)
+
+    @property
+    def requested(self) -> dict[IngressRef, int]:
+        """Each requested ingress with the first request that changes it (requests share transactions)."""
+        return {ref: calls[0][0] for ref, calls in self.calls.items()}
 
 
 class Committer:
@@ -100,7 +103,7 @@ class Committer:
                     return outcome
                 await self._mirror.refresh(conflicted)
                 requested = {r: requested[r] for r in outcome.open(requested)}
-                refs = self._retried(conflicted, requested, batch.wanted)
+                refs = self._retried(conflicted, requested, batch.calls)
                 logger.info("re-planning {} ingresses after a compare failed (attempt {})", len(refs), attempt + 1)
         except EtcdError as exc:
             outcome.error = exc
@@ -121,12 +124,12 @@ class Committer:
         return plan, outcome
 
     def _retried(
-        self, conflicted: Sequence[UnitPlan], requested: Mapping[IngressRef, int], wanted: Mapping[IngressRef, Record]
+        self, conflicted: Sequence[UnitPlan], requested: Mapping[IngressRef, int], calls: Calls
     ) -> list[IngressRef]:
         """What to plan again: open requests; and, for the leader, other ingresses (not requests a peer answered)."""
         leader = self._leader.is_leader()
         refs = (u.owner for u in conflicted if u.owner is not None)
-        return list(dict.fromkeys(r for r in refs if r in requested or (leader and r not in wanted)))
+        return list(dict.fromkeys(r for r in refs if r in requested or (leader and r not in calls)))
 
     async def _plan_and_apply(
         self, refs: list[IngressRef], requested: dict[IngressRef, int], batch: Batch, outcome: Outcome

@@ -99,14 +99,6 @@ class Intents:
         return intents
 
     @staticmethod
-    def groups(intents: Iterable[Intent]) -> dict[IngressRef, int]:
-        """Each ingress with the first request that changes it (requests share transactions)."""
-        out: dict[IngressRef, int] = {}
-        for intent in intents:
-            out.setdefault(intent.ref, intent.group)
-        return out
-
-    @staticmethod
     def calls(intents: Iterable[Intent]) -> dict[IngressRef, list[tuple[int, Record]]]:
         """Each ingress with every request that changes it, in order, and the record it asks for."""
         out: dict[IngressRef, list[tuple[int, Record]]] = {}

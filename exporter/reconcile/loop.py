@@ -200,8 +200,7 @@ class Loop:
         intents = self._intents.take()
         dirty = self._inbox.take_dirty()
         self._last_batch_requests = len({i.group for i in intents})
-        batch = Batch(requested=Intents.groups(intents), wanted={i.ref: i.record for i in intents}, dirty=dirty,
-                      calls=Intents.calls(intents))
+        batch = Batch(calls=Intents.calls(intents), dirty=dirty)
         try:
             outcome = await self._committer.commit(batch)
         except Exception:
