@@ -139,7 +139,8 @@ class Committer:
         # Paced to a Traefik, revisions under a root cost more than the latency steps save:
         # one plan, packed into the fewest transactions.
         step = max(1, len(refs)) if self._pacer.enabled else _PIPELINE_CHUNK
-        refs, _ = self._judge.judge(refs, requested, batch.calls, outcome)  # the whole batch first: a request spans chunks
+        if len(refs) > step:  # a request may span chunks: the whole batch is judged first, each chunk again at its plan
+            refs, _ = self._judge.judge(refs, requested, batch.calls, outcome)
         for start in range(0, len(refs), step):
             plan, groups = self._plan_step(refs[start : start + step], requested, batch.calls, outcome, include_roots=start == 0)
             applying.append(asyncio.create_task(self._apply(plan, groups, batch.dirty, outcome)))
