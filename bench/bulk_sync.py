@@ -107,7 +107,8 @@ EDGE = {"profile": "openai", "timeouts": {"dial": 5, "response_header": 120}, "k
 
 
 def daemon_rss(n: int, edge: bool = False) -> float:
-    """MB resident in a daemon process holding `n` ingresses loaded from files (with every edge field when `edge`)."""
+    """MB resident in a daemon process holding `n` ingresses loaded from files (with every edge field when `edge`),
+    once monitoring has scraped it and the status page has been looked at."""
     with fresh_etcd() as etcd, tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         (work / "ingresses").mkdir()
@@ -138,6 +139,9 @@ def daemon_rss(n: int, edge: bool = False) -> float:
                             break
                 except OSError:
                     time.sleep(0.2)
+            for path in ("/metrics", "/v1/healthcheck", "/", "/ui/state.json"):
+                with urllib.request.urlopen(f"http://{control}{path}", timeout=60) as resp:
+                    resp.read()
             for line in Path(f"/proc/{proc.pid}/status").read_text().splitlines():
                 if line.startswith("VmRSS:"):
                     return int(line.split()[1]) / 1024
