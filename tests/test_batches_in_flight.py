@@ -92,7 +92,7 @@ async def test_sustained_load_commits_that_many_batches_at_once_never_two_on_one
         for iid in ids:
             stored = rec.store.get(IngressRef(AUTHORITY, iid))
             assert stored is not None and stored.revision == 12
-            assert etcd.value(LAYOUT.record_key(IngressRef(AUTHORITY, iid))) == stored.to_value()
+            assert etcd.value(LAYOUT.record_key(IngressRef(AUTHORITY, iid))) == stored.value
         # Batches, not one transaction per request: several requests share each.
         assert len(etcd.txns) - started < 12 * CLIENTS / 4
 
@@ -151,7 +151,7 @@ async def _delivered(etcd: FakeEtcd, prefix: str, revision: int) -> bool:
 
 
 async def _observed(rec: Reconciler, key: str, value: str) -> bool:
-    seen = rec.observed.keys.get(key)
+    seen = rec.observed.get(key)
     return seen is not None and seen[0] == value
 
 

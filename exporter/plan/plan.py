@@ -106,7 +106,7 @@ def plan_ingress(
         changes += [Change(key, value, None) for key, value in observed_keys.items() if key not in want]
     else:  # nothing of it in etcd yet (every ingress of a bulk sync)
         changes = [Change(key, None, value) for key, value in want.items()]
-    record_value = desired_record.to_value() if desired_record is not None else None
+    record_value = desired_record.value if desired_record is not None else None
     old_record = observed_record[0] if observed_record else None
     record = Change(record_key, old_record, record_value) if record_value != old_record else None
     if not changes and record is None:

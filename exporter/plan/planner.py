@@ -40,13 +40,13 @@ class Planner:
         written while the rest of it is still being rendered.
         """
         if self._renderer.may_refuse(record.ingress):
-            self._renderer.render(record.ingress, ejections.ejected(record.key, record.ingress), record.content)
+            self._renderer.render(record.ingress, ejections.ejected(record.key, record.ingress), record.value)
 
     def rendered(self, record: Record, ejections: Ejections = _NO_EJECTIONS) -> dict[str, str]:
         """The keys `record` renders to now (none for a removal); raises TemplateError."""
         if record.removed:
             return {}
-        return dict(self._renderer.render(record.ingress, ejections.ejected(record.key, record.ingress), record.content).kv)
+        return dict(self._renderer.render(record.ingress, ejections.ejected(record.key, record.ingress), record.value).kv)
 
     def plan(
         self,
@@ -83,7 +83,7 @@ class Planner:
         keep = frozenset({self._layout.beacon_key(root)})
         if self._certificate.generated:
             keep |= {f"{root}/{CERT_KEY}", f"{root}/{KEY_KEY}"}
-        seen = {k: observed.keys[k] for k in keys if k in observed.keys}
+        seen = {k: kv for k in keys if (kv := observed.get(k)) is not None}
         return plan_root(root, keys, seen, keep)
 
     def _plan_owner(self, ref: IngressRef, record: Record | None, observed: Observed, ejections: Ejections) -> UnitPlan | None:
@@ -97,7 +97,7 @@ class Planner:
         desired_objects: tuple[str, ...] = ()
         if record is not None and not record.removed:
             try:
-                rendered = self._renderer.render(record.ingress, ejections.ejected(ref, record.ingress), record.content)
+                rendered = self._renderer.render(record.ingress, ejections.ejected(ref, record.ingress), record.value)
             except TemplateError as exc:
                 self._errors[ref] = exc
                 logger.error("not writing {}: {}", ref, exc.title)

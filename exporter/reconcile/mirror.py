@@ -230,7 +230,7 @@ class Mirror:
 
     def _apply_event(self, event: WatchEvent) -> IngressRef | None:
         key = event.key
-        seen = self._observed.keys.get(key)
+        seen = self._observed.get(key)
         if seen is not None and seen[1] >= event.mod_revision:
             return None  # our own write, already applied
         if seen is None and event.deleted:

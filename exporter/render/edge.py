@@ -14,6 +14,7 @@ anything is queued.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -158,6 +159,7 @@ class EdgePolicy:
         return out
 
 
+@functools.lru_cache(maxsize=256)
 def duration(seconds: float) -> str:
     """A Traefik duration: whole seconds as `5s`, anything else in milliseconds (`250ms`, at least `1ms`)."""
     if float(seconds).is_integer():

@@ -7,6 +7,7 @@ and middlewares. Fields left unset are not written at all.
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 from annotated_types import MaxLen
@@ -53,7 +54,11 @@ def _scalar(value: Any) -> str:
         return "true"
     if value is False:
         return "false"
-    return str(value)
+    if isinstance(value, str):
+        return value
+    # Numbers (weights, priorities, limits) take few distinct values: interned, 10,000 ingresses
+    # hold each once, not once per key.
+    return sys.intern(str(value))
 
 
 def flatten(obj: BaseModel | dict[str, Any], root: str) -> dict[str, str]:

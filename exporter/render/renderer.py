@@ -3,7 +3,7 @@
 Templates (Jinja2, sandboxed, StrictUndefined) produce a fragment of Traefik dynamic
 configuration as JSON (parsing YAML cost 5x more than the whole rest of a render); it is
 validated against `traefik_schema`, its object names are checked to belong to the ingress,
-and it is flattened. Results are cached by record content, so an
+and it is flattened. Results are cached by record, so an
 unchanged ingress is never rendered twice.
 """
 
@@ -193,16 +193,17 @@ class Renderer:
         """
         return ingress.protocol not in self._builtin or ingress.ca_file is not None
 
-    def render(self, ingress: Ingress, ejected: frozenset[str] = frozenset(), content: str | None = None) -> RenderedIngress:
+    def render(self, ingress: Ingress, ejected: frozenset[str] = frozenset(), cache_key: str | None = None) -> RenderedIngress:
         """Render `ingress` without the servers/instances whose URLs are in `ejected`.
 
-        `content` is the ingress's canonical JSON when the caller already has it (the cache key).
+        `cache_key` is a text that names exactly this ingress when the caller has one (its record's
+        stored JSON); without it the ingress's canonical JSON is computed.
         Raises TemplateError (naming the template) when the output is not valid Traefik config.
         """
         ca_file = ingress.ca_file
         ca_version = self._edge.ca_files.version(ca_file) if ca_file is not None else 0
         # One shared empty set in the keys: each call's own would be kept by the cache, 10,000 of them.
-        key = (content if content is not None else ingress.model_dump_json(), ejected or _NOTHING, ca_version)
+        key = (cache_key if cache_key is not None else ingress.model_dump_json(), ejected or _NOTHING, ca_version)
         hit = self._cache.get(key)
         if hit is not None:
             self._cache.move_to_end(key)

@@ -24,21 +24,41 @@ from ..keys import IngressRef
 # Told of every committed change of a live record (None: it is gone).
 RecordListener = Callable[[IngressRef, Ingress | None], None]
 
+# The stored JSON ends with the ingress: `{"source":...[,"removed":...],"ingress":<canonical JSON>}`.
+# A JSON string escapes every quote, so this text occurs once, where the ingress begins.
+_INGRESS_FIELD = ',"ingress":'
+
+
+def stored_value(content: str, source: str, removed: bool = False, removed_at: float = 0.0) -> str:
+    """The JSON stored in etcd for the ingress of canonical JSON `content`."""
+    removal = f',"removed":true,"removed_at":{removed_at!r}' if removed else ""
+    return f'{{"source":{json.dumps(source)}{removal}{_INGRESS_FIELD}{content}}}'
+
 
 @dataclass(frozen=True, slots=True)
 class Record:
-    """One desired ingress: the validated model, its canonical JSON, and who declared it."""
+    """One desired ingress: the validated model, the JSON stored for it in etcd, and who declared it.
+
+    Only the stored JSON is kept (the ingress's canonical JSON is its tail): the store and the
+    mirror of etcd share that one string per ingress, after the models the largest thing
+    either holds.
+    """
 
     ingress: Ingress
-    content: str
+    value: str
     source: str = "api"
     removed: bool = False
     removed_at: float = 0.0
 
     @classmethod
     def of(cls, ingress: Ingress, source: str = "api") -> Record:
-        """A record for `ingress`, with its canonical JSON computed once."""
-        return cls(ingress=ingress, content=ingress.model_dump_json(), source=source)
+        """A record for `ingress`, with its stored JSON computed once."""
+        return cls(ingress, stored_value(ingress.model_dump_json(), source), source)
+
+    @property
+    def content(self) -> str:
+        """The ingress's canonical JSON: two records of the same content ask for the same ingress."""
+        return self.value[self.value.index(_INGRESS_FIELD) + len(_INGRESS_FIELD) : -1]
 
     @property
     def key(self) -> IngressRef:
@@ -50,15 +70,10 @@ class Record:
         """The coordinator's revision of this ingress."""
         return self.ingress.revision
 
-    def to_value(self) -> str:
-        """The JSON stored in etcd."""
-        removed = f',"removed":true,"removed_at":{self.removed_at!r}' if self.removed else ""
-        return f'{{"source":{json.dumps(self.source)}{removed},"ingress":{self.content}}}'
-
     def removal(self, revision: int, now: float) -> Record:
         """The tombstone left when this ingress is removed at `revision`."""
         ingress = self.ingress.model_copy(update={"revision": revision})
-        return Record(ingress, ingress.model_dump_json(), self.source, removed=True, removed_at=now)
+        return Record(ingress, stored_value(ingress.model_dump_json(), self.source, True, now), self.source, True, now)
 
 
 def decode_record(value: str) -> Record:
@@ -70,13 +85,10 @@ def decode_record(value: str) -> Record:
         raise RecordDecodeError(f"stored ingress does not validate: {field_errors(exc)}") from None
     except (ValueError, KeyError, TypeError) as exc:
         raise RecordDecodeError(f"stored record is not exporter JSON: {type(exc).__name__}") from None
-    return Record(
-        ingress=ingress,
-        content=ingress.model_dump_json(),
-        source=str(data.get("source", "api")),
-        removed=bool(data.get("removed", False)),
-        removed_at=float(data.get("removed_at", 0.0)),
-    )
+    source, removed, removed_at = str(data.get("source", "api")), bool(data.get("removed", False)), float(data.get("removed_at", 0.0))
+    canonical = stored_value(ingress.model_dump_json(), source, removed, removed_at)
+    # The text read is kept when it is what this exporter writes: the mirror holds that same string.
+    return Record(ingress, value if value == canonical else canonical, source, removed, removed_at)
 
 
 class RecordStore:
