@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import pytest
+
 from exporter.etcd.types import Compare
+from exporter.ingress import Ingress
 from exporter.keys import IngressRef, KeyLayout
 from exporter.plan.format import format_plan
 from exporter.plan.plan import Change, Plan, UnitPlan, order_changes, plan_ingress
 from exporter.plan.planner import Planner
-from exporter.render.renderer import Renderer
+from exporter.render.renderer import RenderedIngress, Renderer
 from exporter.render.root_keys import DefaultCertificate
-from exporter.store.records import decode_record
+from exporter.store.records import Record, decode_record
 from exporter.write.ledger import with_record
 from exporter.write.observed import Observed
 from exporter.write.packing import pack
@@ -238,3 +241,79 @@ def test_format_prints_added_removed_changed_and_foreign() -> None:
     colored = format_plan(plan, color=True)
     assert "\x1b[32m+ a = 1\x1b[0m" in colored
     assert format_plan(Plan()) == ""
+
+
+class CountingRenderer(Renderer):
+    """The renderer, counting the renders it computes (a cache hit is not one)."""
+
+    def __init__(self) -> None:
+        super().__init__(LAYOUT, ["web"])
+        self.computed = 0
+
+    def _render(self, ingress: Ingress, ejected: frozenset[str]) -> RenderedIngress:
+        self.computed += 1
+        return super()._render(ingress, ejected)
+
+
+class Ejecting:
+    def __init__(self, urls: frozenset[str] = frozenset()) -> None:
+        self.urls = urls
+
+    def ejected(self, ref: IngressRef, ingress: Ingress) -> frozenset[str]:
+        return self.urls
+
+
+def _in_sync(renderer: CountingRenderer) -> tuple[Planner, Observed, Record]:
+    """A planner whose one ingress etcd holds as it renders, found so by one plan; renders counted from then on."""
+    p, obs, rec = Planner(renderer, LAYOUT, CERT), Observed(LAYOUT), record("llama", upstream=TWO)
+    observed_after(p.plan({rec.key: rec}, obs), obs)
+    assert p.plan({rec.key: rec}, obs).empty  # found as it renders
+    renderer._cache.clear()
+    renderer.computed = 0
+    return p, obs, rec
+
+
+TWO = {"servers": [{"url": "http://10.0.0.5:8000"}, {"url": "http://10.0.0.6:8000"}]}
+
+
+def test_an_ingress_found_as_it_renders_is_not_rendered_again_while_nothing_of_it_changed() -> None:
+    renderer = CountingRenderer()
+    p, obs, rec = _in_sync(renderer)
+    for _ in range(3):
+        assert p.plan({rec.key: rec}, obs).empty
+    assert renderer.computed == 0
+
+
+@pytest.mark.parametrize("change", ["edited", "deleted", "added", "record"])
+def test_any_change_of_its_keys_or_record_in_etcd_makes_it_rendered_and_repaired(change: str) -> None:
+    renderer = CountingRenderer()
+    p, obs, rec = _in_sync(renderer)
+    url = next(k for k in obs.under_root(LAYOUT.root("test")) if k.endswith("/url"))
+    record_key = LAYOUT.record_key(rec.key)
+    if change == "edited":
+        obs.set(url, "http://10.9.9.9:1", 20)
+    elif change == "deleted":
+        obs.set(url, None, 20)
+    elif change == "added":
+        obs.set(url.rsplit("/", 1)[0] + "/weight", "7", 20)
+    else:
+        obs.set(record_key, '{"source":"api","ingress":{}}', 20)
+    (unit,) = p.plan({rec.key: rec}, obs).units
+    assert renderer.computed == 1
+    expected = {"edited": url, "deleted": url, "added": url.rsplit("/", 1)[0] + "/weight", "record": record_key}[change]
+    assert expected in {c.key for c in unit.changes}
+
+
+def test_a_new_ejection_a_template_reload_or_another_record_renders_it_again() -> None:
+    renderer = CountingRenderer()
+    ejections = Ejecting()
+    p, obs, rec = _in_sync(renderer)
+    ejections.urls = frozenset({"http://10.0.0.6:8000"})
+    (unit,) = p.plan({rec.key: rec}, obs, None, ejections).units
+    assert renderer.computed == 1 and any(c.new is None for c in unit.changes)
+    renderer.reload()
+    assert p.plan({rec.key: rec}, obs).empty
+    assert renderer.computed == 2
+    newer = record("llama", upstream=TWO, revision=2)
+    (unit,) = p.plan({newer.key: newer}, obs).units
+    assert renderer.computed == 3 and [c.key for c in unit.changes] == [LAYOUT.record_key(rec.key)]

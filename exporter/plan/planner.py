@@ -8,7 +8,7 @@ from loguru import logger
 
 from ..errors import TemplateError
 from ..keys import CERT_KEY, KEY_KEY, IngressRef, KeyLayout
-from ..render.renderer import Renderer
+from ..render.renderer import Renderer, RenderKey
 from ..render.root_keys import DefaultCertificate, root_keys
 from ..roles import Ejections, NoEjections
 from ..store.records import Record
@@ -19,13 +19,19 @@ _NO_EJECTIONS = NoEjections()
 
 
 class Planner:
-    """Diffs desired state against `observed`; cost is proportional to the owners planned."""
+    """Diffs desired state against `observed`; cost is proportional to the owners planned.
+
+    An ingress found as it renders is remembered with what its render depended on and the
+    stamp of its observed keys: while neither changes, planning it again (every full pass)
+    only compares the two, without rendering or diffing it.
+    """
 
     def __init__(self, renderer: Renderer, layout: KeyLayout, certificate: DefaultCertificate) -> None:
         self._renderer = renderer
         self._layout = layout
         self._certificate = certificate
         self._errors: dict[IngressRef, TemplateError] = {}
+        self._as_rendered: dict[IngressRef, tuple[RenderKey, tuple[int, ...]]] = {}
 
     @property
     def errors(self) -> Mapping[IngressRef, TemplateError]:
@@ -95,16 +101,23 @@ class Planner:
             return None
         desired_kv: dict[str, str] | None = None
         desired_objects: tuple[str, ...] = ()
-        if record is not None and not record.removed:
+        as_rendered = None
+        if record is None or record.removed:
+            self._as_rendered.pop(ref, None)
+        else:
+            ejected = ejections.ejected(ref, record.ingress)
+            as_rendered = (self._renderer.key_of(record.ingress, ejected, record.value), observed.stamp(ref))
+            if observed_record is not None and observed_record[0] == record.value and self._as_rendered.get(ref) == as_rendered:
+                return None  # its record and keys are as when they were found to be what it renders to
             try:
-                rendered = self._renderer.render(record.ingress, ejections.ejected(ref, record.ingress), record.value)
+                rendered = self._renderer.render(record.ingress, ejected, record.value)
             except TemplateError as exc:
                 self._errors[ref] = exc
                 logger.error("not writing {}: {}", ref, exc.title)
                 return None
             desired_kv = rendered.kv
             desired_objects = tuple(f"{rendered.root}/{o}" for o in rendered.objects)
-        return plan_ingress(
+        unit = plan_ingress(
             owner=ref,
             desired=desired_kv,
             observed_objects=observed.objects_of(ref),
@@ -114,6 +127,9 @@ class Planner:
             observed_record=observed_record,
             root=self._layout.root(ref.authority),
         )
+        if unit is None and as_rendered is not None:
+            self._as_rendered[ref] = as_rendered
+        return unit
 
     def _foreign(
         self, desired: Mapping[IngressRef, Record], observed: Observed, observed_records: Mapping[str, tuple[str, int]]
@@ -121,15 +137,7 @@ class Planner:
         named: dict[str, set[tuple[str, str]]] = {}
         for ref in set(desired) | self._recorded(observed_records):
             named.setdefault(self._layout.root(ref.authority), set()).add(self._layout.object_key(ref))
-        foreign = []
-        for root, owned in sorted(named.items()):
-            for key in observed.under_root(root):
-                if self._layout.is_root_owned(root, key):
-                    continue
-                obj = self._layout.object_of(key)
-                if obj is None or self._layout.object_key_of(obj) not in owned:
-                    foreign.append(key)
-        return sorted(foreign)
+        return sorted(key for root, owned in named.items() for key in observed.foreign(root, owned))
 
     def _recorded(self, record_keys: Iterable[str]) -> set[IngressRef]:
         refs = (self._layout.record_ref(key) for key in record_keys)

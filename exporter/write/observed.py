@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict, deque
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from dataclasses import dataclass
 
 from ..etcd.types import KeyValue
@@ -40,6 +40,8 @@ class Observed:
         # not sets: a handful each, 100,000 of them at 10,000 ingresses (a set costs 2.5x a list).
         self._objects: dict[str, list[str]] = defaultdict(list)
         self._owners: dict[tuple[str, str], list[str]] = defaultdict(list)
+        # Keys under the roots outside every object (the root's own, and anything foreign).
+        self._loose: set[str] = set()
         self._beacons: dict[str, deque[BeaconWrite]] = defaultdict(lambda: deque(maxlen=_BEACON_HISTORY))
         self.revision = 0
 
@@ -55,6 +57,8 @@ class Observed:
                 return  # already indexed
             obj = self.layout.object_of(key)
             if obj is None:
+                if key.startswith(self.layout.roots_prefix):
+                    self._loose.add(key)
                 return
             members = self._objects.get(obj)
             if members is not None:
@@ -69,6 +73,8 @@ class Observed:
             return
         del self._mods[key]
         obj = self.layout.object_of(key)
+        if obj is None:
+            self._loose.discard(key)
         members = self._objects.get(obj) if obj is not None else None
         if members is None or obj is None:
             return
@@ -90,6 +96,7 @@ class Observed:
         self._mods.clear()
         self._objects.clear()
         self._owners.clear()
+        self._loose.clear()
         revisions: dict[int, int] = {}
         for key, value, mod in kvs:
             self.set(key, value, revisions.setdefault(mod, mod))
@@ -142,6 +149,17 @@ class Observed:
             default=0,
         )
 
+    def stamp(self, ref: IngressRef) -> tuple[int, ...]:
+        """The mod_revisions of the ingress's observed keys, in the index's order: equal stamps mean
+        none of its keys changed, came or went in between (a changed key has a newer revision,
+        one deleted and put again too, and every key of one revision is mirrored at once)."""
+        prefix = self.layout.root(ref.authority) + "/"
+        revisions: list[int] = []
+        for obj in self._owners.get(self.layout.object_key(ref), ()):
+            if obj.startswith(prefix):
+                revisions.extend(map(self._mods.__getitem__, self._objects[obj]))
+        return tuple(revisions)
+
     def server_urls(self, ref: IngressRef) -> frozenset[str]:
         """The server URLs the ingress's load balancers hold in etcd right now."""
         return frozenset(value for keys in self.objects_of(ref).values() for key, (value, _mod) in keys.items() if key.endswith("/url"))
@@ -154,6 +172,16 @@ class Observed:
         """Every observed record key."""
         prefix = self.layout.records_dir
         return {k: (v, self._mods[k]) for k, v in self._values.items() if k.startswith(prefix)}
+
+    def foreign(self, root: str, owned: Collection[tuple[str, str]]) -> list[str]:
+        """The keys under `root` that are neither its own nor in an object named for one of `owned`
+        ((label, id) pairs), from the index: a full pass asks for them at every root."""
+        prefix, layout = root + "/", self.layout
+        out = [k for k in self._loose if k.startswith(prefix) and not layout.is_root_owned(root, k)]
+        for obj, keys in self._objects.items():
+            if obj.startswith(prefix) and layout.object_key_of(obj) not in owned:
+                out.extend(k for k in keys if not layout.is_root_owned(root, k))
+        return out
 
     def under_root(self, root: str) -> dict[str, tuple[str, int]]:
         """Every observed key under one root (a full scan; used by full reconciles and reports)."""
