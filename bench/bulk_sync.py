@@ -21,6 +21,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -108,7 +109,8 @@ EDGE = {"profile": "openai", "timeouts": {"dial": 5, "response_header": 120}, "k
 
 def daemon_rss(n: int, edge: bool = False) -> float:
     """MB resident in a daemon process holding `n` ingresses loaded from files (with every edge field when `edge`),
-    once monitoring has scraped it and the status page has been looked at."""
+    in its steady state: after full passes that found everything as written, once monitoring has scraped it and
+    the status page has been looked at."""
     with fresh_etcd() as etcd, tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         (work / "ingresses").mkdir()
@@ -124,13 +126,11 @@ def daemon_rss(n: int, edge: bool = False) -> float:
         # The push API and the health engine on, as in production.
         (work / "exporter.yaml").write_text(
             f'etcd: {{endpoints: ["{etcd.url}"]}}\nsources: {{files: ["ingresses/*.yaml"]}}\ncontrol: {{listen: "{control}"}}\n'
-            f'api: {{listen: "127.0.0.1:{free_port()}", token: "bench-token"}}\n'
+            f'api: {{listen: "127.0.0.1:{free_port()}", token: "bench-token"}}\nwriter: {{reconcile_interval: 1}}\n'
         )
         proc = subprocess.Popen([sys.executable, "-m", "exporter", "run", "--config", str(work / "exporter.yaml")],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
-            import urllib.request
-
             deadline = time.monotonic() + 300
             while time.monotonic() < deadline:
                 try:
@@ -139,6 +139,8 @@ def daemon_rss(n: int, edge: bool = False) -> float:
                             break
                 except OSError:
                     time.sleep(0.2)
+            while time.monotonic() < deadline and _full_passes(control) < 3:
+                time.sleep(0.2)
             for path in ("/metrics", "/v1/healthcheck", "/", "/ui/state.json"):
                 with urllib.request.urlopen(f"http://{control}{path}", timeout=60) as resp:
                     resp.read()
@@ -149,6 +151,15 @@ def daemon_rss(n: int, edge: bool = False) -> float:
         finally:
             proc.terminate()
             proc.wait(30)
+
+
+def _full_passes(control: str) -> float:
+    """How many full passes the daemon has made (its `exporter_reconcile_seconds` count)."""
+    with urllib.request.urlopen(f"http://{control}/metrics", timeout=10) as resp:
+        for line in resp.read().decode().splitlines():
+            if line.startswith("exporter_reconcile_seconds_count"):
+                return float(line.split()[1])
+    return 0.0
 
 
 async def main() -> None:
