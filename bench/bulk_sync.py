@@ -5,8 +5,9 @@
    while two watch streams read them back, as the exporter's mirror must (its watches are
    how it sees anyone else's writes): what etcd alone charges for the watch.
 2. Latency to commit one ingress change with 10 versus N ingresses in place. Target: <= 1.5x.
-3. RSS of a daemon process holding N ingresses (from ingress files; push API and health engine on).
-   Target: <= 200 MB.
+3. RSS of a daemon process holding N ingresses (from ingress files; push API and health engine on),
+   in its steady state (`--rss`; `--edge`: every edge field on each). Target: <= 200 MB.
+   `--heap`: what an in-process reconciler holding N keeps, by the line that allocated it (tracemalloc).
 
 Usage: .venv/bin/python bench/bulk_sync.py [--ingresses 10000] [--runs 3]
 Profile: .venv/bin/py-spy record -r 250 -f raw -o bulk.txt -- .venv/bin/python bench/bulk_sync.py --profile
@@ -16,11 +17,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import os
 import subprocess
 import sys
 import tempfile
 import time
+import tracemalloc
 import urllib.request
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -153,6 +156,31 @@ def daemon_rss(n: int, edge: bool = False) -> float:
             proc.wait(30)
 
 
+async def heap(n: int, edge: bool, top: int = 14) -> None:
+    """Print what a reconciler holding `n` ingresses (synced, written, full-passed) keeps, by allocating line."""
+    tracemalloc.start()
+    records = make_records(n)
+    if edge:
+        records = [Record.of(Ingress.model_validate({**r.ingress.model_dump(), **EDGE})) for r in records]
+    async with running_reconciler() as rec:
+        await submit_all(rec, records)
+        del records
+        for _ in range(2):  # the first pass after the writes finds everything as written, the second skips it
+            passes = rec.status.full_passes
+            rec.request_full()
+            while rec.status.full_passes == passes:
+                await asyncio.sleep(0.05)
+        gc.collect()
+        stats = tracemalloc.take_snapshot().filter_traces([tracemalloc.Filter(False, tracemalloc.__file__)]).statistics("lineno")
+    print(f"held by a reconciler with {n} ingresses{', every edge field on each' if edge else ''}: "
+          f"{sum(s.size for s in stats) / 1e6:.1f} MB traced")
+    checkout = str(Path(__file__).resolve().parent.parent) + "/"
+    for stat in stats[:top]:
+        frame = stat.traceback[0]
+        where = frame.filename.split("site-packages/")[-1].removeprefix(checkout)
+        print(f"  {stat.size / 1e6:6.1f} MB {stat.count:8d}  {where}:{frame.lineno}")
+
+
 def _full_passes(control: str) -> float:
     """How many full passes the daemon has made (its `exporter_reconcile_seconds` count)."""
     with urllib.request.urlopen(f"http://{control}/metrics", timeout=10) as resp:
@@ -168,7 +196,8 @@ async def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--profile", action="store_true", help="only the exporter's bulk sync, once (run it under py-spy)")
     parser.add_argument("--rss", action="store_true", help="only the daemon's RSS")
-    parser.add_argument("--edge", action="store_true", help="with --rss: every edge field on every ingress")
+    parser.add_argument("--edge", action="store_true", help="with --rss or --heap: every edge field on every ingress")
+    parser.add_argument("--heap", action="store_true", help="only what an in-process reconciler holds, by line")
     args = parser.parse_args()
     logger.remove()
     tune_gc()  # the reconciler runs in this process: collected as in the daemon
@@ -177,6 +206,9 @@ async def main() -> None:
         cpu = time.process_time()
         wall = await exporter_bulk(n)
         print(f"exporter bulk sync of {n} ingresses: {wall:.2f}s, this process's CPU {time.process_time() - cpu:.2f}s")
+        return
+    if args.heap:
+        await heap(n, args.edge)
         return
     if args.rss:
         what = "ingresses, every edge field on each" if args.edge else "ingresses"
