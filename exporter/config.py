@@ -136,11 +136,6 @@ class WriterSettings(_Section):
     coalesce_window: float = Field(default=0.02, ge=0, le=5, description="seconds a burst is gathered")
     reconcile_interval: float = Field(default=30.0, gt=0, description="seconds between full reconciles")
     max_in_flight: int = Field(default=8, ge=1, le=64, description="transactions in flight at once")
-    batches_in_flight: int = Field(
-        default=2, ge=1, le=4,
-        description="request batches committing at once under sustained load (1: one at a time, fewest revisions; "
-                    "paced to a Traefik always 1)",
-    )
     tombstone_ttl: float = Field(
         default=86400.0, ge=0, description="seconds a removed ingress's tombstone refuses older upserts"
     )

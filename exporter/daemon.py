@@ -114,7 +114,7 @@ def build_reconciler(
         etcd=etcd,
         layout=layout,
         planner=planner,
-        cadence=Cadence(w.coalesce_window, w.reconcile_interval, w.tombstone_ttl, w.pace_hold_max, w.batches_in_flight),
+        cadence=Cadence(w.coalesce_window, w.reconcile_interval, w.tombstone_ttl, w.pace_hold_max),
         limits=TxnLimits(settings.etcd.max_txn_ops, settings.etcd.max_request_bytes, w.max_in_flight),
         dry_run=dry_run,
         shared=shared,

@@ -51,14 +51,12 @@ class Leader:
 async def running(
     etcd: FakeEtcd, *, leader: Leader | None = None, ejections: Ejections | None = None, renderer: Renderer | None = None,
     behind: Callable[[str], bool] | None = None, pace_hold_max: float = 30.0, built: Callable[[Reconciler], None] | None = None,
-    coalesce_window: float = 0.0, batches_in_flight: int = 2,
+    coalesce_window: float = 0.0,
 ) -> AsyncIterator[Reconciler]:
     planner = Planner(renderer or Renderer(LAYOUT, ["web"]), LAYOUT, CERT)
     rec = Reconciler(
         etcd=etcd, layout=LAYOUT, planner=planner, shared=Collaborators(leader=leader, ejections=ejections, behind=behind),
-        cadence=Cadence(
-            coalesce_window=coalesce_window, reconcile_interval=3600, pace_hold_max=pace_hold_max, batches_in_flight=batches_in_flight,
-        ),
+        cadence=Cadence(coalesce_window=coalesce_window, reconcile_interval=3600, pace_hold_max=pace_hold_max),
     )
     if built is not None:
         built(rec)

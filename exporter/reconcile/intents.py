@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
-from collections.abc import Collection, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from ..errors import EtcdError, EtcdUnavailable, ExporterError, StaleRevisionError
@@ -93,19 +93,10 @@ class Intents:
         """The ingresses queued requests change."""
         return {i.ref for i in self._queue}
 
-    def take(self, busy: Collection[IngressRef] = (), limit: int | None = None) -> list[Intent]:
-        """The queued intents of the first `limit` requests (all: None) that change none of `busy`,
-        in request order; the other requests stay queued."""
-        if not busy and limit is None:
-            intents, self._queue = self._queue, []
-            return intents
-        blocked = {i.group for i in self._queue if i.ref in busy}
-        chosen = set([g for g in dict.fromkeys(i.group for i in self._queue) if g not in blocked][:limit])
-        taken = [i for i in self._queue if i.group in chosen]
-        self._queue = [i for i in self._queue if i.group not in chosen]
-        if self._queue:
-            self.queued_at = time.monotonic()
-        return taken
+    def take(self) -> list[Intent]:
+        """Every queued intent, in request order; the queue is empty afterwards."""
+        intents, self._queue = self._queue, []
+        return intents
 
     @staticmethod
     def calls(intents: Iterable[Intent]) -> dict[IngressRef, list[tuple[int, Record]]]:

@@ -3,14 +3,8 @@
 Scheduling only: what to write is the committer's job, answering requests the intents'.
 Requests arriving in a burst are gathered for a short window so they share transactions
 (one Traefik reload); a lone request is written at once. A periodic full pass re-plans
-everything as a safety net.
-
-Under sustained load (clients that push again as soon as they are answered) up to
-`batches_in_flight` request batches commit at once, never two writing the same ingress: one
-cohort of clients is answered, sends again and is planned while another's transactions
-commit, so the daemon and etcd work side by side instead of waiting for each other. Passes
-(re-list, full) wait until nothing is in flight. Paced to a Traefik, one batch at a time:
-what is due on a root is written whole (write/pacer.py).
+everything as a safety net. All planning and writing happens in this one task, so the
+mirror never races with itself.
 """
 
 from __future__ import annotations
@@ -23,22 +17,18 @@ from dataclasses import dataclass
 from loguru import logger
 
 from ..errors import EtcdError, EtcdUnavailable, ExporterError
-from ..keys import IngressRef
 from ..roles import LeaderPolicy
 from ..write import metrics
 from ..write.pacer import Pacer
 from .commit import Batch, Committer
 from .inbox import Inbox
-from .intents import NOT_WRITTEN, Intent, Intents
+from .intents import NOT_WRITTEN, Intents
 from .mirror import Mirror
 
 INTERNAL_ERROR = "internal error; see the exporter log"
 SHUTTING_DOWN = "the exporter is shutting down; nothing was written"
 _BACKOFF_MIN = 0.1
 _BACKOFF_MAX = 5.0
-# A steady burst of at least this many requests, with nothing in flight, is taken in two
-# halves: the second is planned while the first commits (smaller ones are not worth a revision).
-_SPLIT_AT = 16
 
 
 @dataclass
@@ -60,7 +50,6 @@ class Cadence:
     reconcile_interval: float = 30.0
     tombstone_ttl: float = 86400.0
     pace_hold_max: float = 30.0
-    batches_in_flight: int = 2
 
 
 class Loop:
@@ -85,10 +74,6 @@ class Loop:
         self._stopping = False
         self._last_batch = 0.0
         self._last_batch_requests = 0
-        # Batches committing now, each with the ingresses it writes (no two share one).
-        self._flying: dict[asyncio.Task[None], set[IngressRef]] = {}
-        self._landed_error: BaseException | None = None
-        self._max_flying = 1 if pacer.enabled else cadence.batches_in_flight
 
     async def wait_synced(self, timeout: float | None = None) -> None:
         """Wait until the first full sync with etcd is done."""
@@ -100,22 +85,12 @@ class Loop:
         self._inbox.poke()
 
     async def run(self) -> None:
-        """The loop itself; batches still in flight when it is cancelled are cancelled with it."""
-        try:
-            await self._run()
-        finally:
-            flying = list(self._flying)
-            for task in flying:
-                task.cancel()
-            await asyncio.gather(*flying, return_exceptions=True)
-
-    async def _run(self) -> None:
+        """The loop itself."""
         backoff = _BACKOFF_MIN
         next_full = time.monotonic()
         while True:
             await self._inbox.wait(max(0.0, next_full - time.monotonic()))
             if self._stopping and not self._intents.queued_requests:
-                await self._landing()
                 return
             await self._gather_burst()
             self._inbox.clear()
@@ -166,22 +141,7 @@ class Loop:
         """A burst lasts: the previous batch answered several requests and ended within the window."""
         return time.monotonic() - self._last_batch < self._cadence.coalesce_window and self._last_batch_requests > 1
 
-    async def _landing(self) -> None:
-        """Until no batch is in flight."""
-        while self._flying:
-            await asyncio.wait(list(self._flying))
-
-    def _raise_landed(self) -> None:
-        """Raise what cut a batch short since the last turn (it was answered already)."""
-        error, self._landed_error = self._landed_error, None
-        if error is not None:
-            raise error
-
     async def _turn(self, next_full: float) -> float:
-        self._raise_landed()
-        if self._inbox.relist_requested or self._inbox.full_requested:
-            await self._landing()  # a pass plans from the mirror as a whole: nothing may be in flight
-            self._raise_landed()
         if self._inbox.relist_requested:
             await self._relist()
         if self._inbox.full_requested:
@@ -199,7 +159,8 @@ class Loop:
 
     def _etcd_down(self, exc: EtcdError, backoff: float) -> None:
         metrics.ETCD_ERRORS.inc()
-        self._status_down(exc)
+        self._status.etcd_ok = False
+        self._status.last_error = exc.title
         logger.warning("etcd unavailable ({}); retrying in {:.1f}s", exc.title, backoff)
         self._intents.fail_queue(EtcdUnavailable(NOT_WRITTEN))
         self._inbox.relist_requested = True
@@ -236,59 +197,19 @@ class Loop:
             self._synced.set()
 
     async def _batch(self) -> None:
-        """Start a batch of what is queued and free; wait while as many as allowed are in flight."""
-        busy = {ref for refs in self._flying.values() for ref in refs}
-        intents = self._intents.take(busy, self._cohort())
+        intents = self._intents.take()
         dirty = self._inbox.take_dirty()
-        if busy:
-            # An ingress in flight is planned again once its batch has landed.
-            self._inbox.redo({ref: why for ref, why in dirty.items() if ref in busy})
-            dirty = {ref: why for ref, why in dirty.items() if ref not in busy}
-        if intents or dirty:
-            self._last_batch_requests = len({i.group for i in intents})
-            task = asyncio.create_task(self._commit(intents, dirty))
-            self._flying[task] = {i.ref for i in intents} | set(dirty)
-            task.add_done_callback(self._landed)
-        if len(self._flying) >= self._max_flying or (self._flying and not (intents or dirty)):
-            await asyncio.wait(list(self._flying), return_when=asyncio.FIRST_COMPLETED)
-        elif self._intents.queued_requests:
-            self._inbox.poke()  # the other half of a split burst goes at once
-
-    def _cohort(self) -> int | None:
-        """How many queued requests the next batch takes: half of a steady burst while nothing is in flight, else all."""
-        queued = self._intents.queued_requests
-        if self._max_flying > 1 and not self._flying and queued >= _SPLIT_AT and self._steady():
-            return queued // 2
-        return None
-
-    def _status_down(self, exc: EtcdError) -> None:
-        self._status.etcd_ok = False
-        self._status.last_error = exc.title
-
-    def _landed(self, task: asyncio.Task[None]) -> None:
-        del self._flying[task]
-        if not task.cancelled() and (error := task.exception()) is not None and self._landed_error is None:
-            self._landed_error = error
-        self._inbox.poke()
-
-    async def _commit(self, intents: list[Intent], dirty: dict[IngressRef, str]) -> None:
-        """Write one batch and answer its requests; raises what cut it short."""
+        self._last_batch_requests = len({i.group for i in intents})
         batch = Batch(calls=Intents.calls(intents), dirty=dirty)
         try:
             outcome = await self._committer.commit(batch)
-        except Exception:  # noqa: BLE001 - a bug must not silently stop every write
-            # commit() turns etcd failures into its outcome: anything else is a bug. Its own
-            # requests hear of it (others queued meanwhile are not its), and the mirror is
-            # listed again before the next write.
-            logger.exception("writing a batch failed; re-listing etcd before the next write")
+        except Exception:
+            # commit() turns etcd failures into its outcome: anything else is a bug.
             self._intents.fail_all(intents, ExporterError(INTERNAL_ERROR))
-            self._inbox.relist_requested = True
-            return
+            raise
         except BaseException:
             self._intents.fail_all(intents, EtcdUnavailable(SHUTTING_DOWN))
             raise
-        if outcome.error is not None:
-            self._status_down(outcome.error)  # before any request hears of it: /readyz agrees with the 503
         self._intents.resolve(intents, outcome)
         self._inbox.redo(outcome.redo)
         self._last_batch = time.monotonic()

@@ -66,8 +66,7 @@ class Mirror:
         self._idle_timeout = idle_timeout
         self._supervisor = supervisor if supervisor is not None else Supervisor()
         self._listed = asyncio.Event()
-        # Watch messages that came while our transactions were in flight, each with those transactions.
-        self._deferred: list[tuple[list[WatchEvent], list[asyncio.Event]]] = []
+        self._deferred: list[WatchEvent] = []
         self._draining: asyncio.Task[None] | None = None
         self._watches: list[asyncio.Task[None]] = []
         # Per watched prefix: the newest revision its watch delivered (or skipped, see above).
@@ -196,13 +195,10 @@ class Mirror:
             backoff = min(backoff * 2, _BACKOFF_MAX)
 
     def _on_events(self, events: list[WatchEvent]) -> None:
-        if self._writer.busy or self._deferred:
+        if self._writer.busy:
             # Our own transactions are in flight: their events are recognised by revision once
-            # their replies are in, without decoding them. Only the transactions in flight now
-            # can be behind these events (any sent later commits at a higher revision), so
-            # under sustained writes, with never a moment without one in flight, nothing waits
-            # longer than a round trip. Messages stay in their order.
-            self._deferred.append((events, self._writer.in_flight()))
+            # the replies are in, without decoding them.
+            self._deferred.extend(events)
             if self._draining is None or self._draining.done():
                 self._draining = self._supervisor.spawn("deferred events", self._drain_deferred)
             return
@@ -210,10 +206,8 @@ class Mirror:
 
     async def _drain_deferred(self) -> None:
         while self._deferred:
-            events, replies = self._deferred[0]
-            for reply in replies:
-                await reply.wait()
-            del self._deferred[0]
+            await self._writer.wait_idle()
+            events, self._deferred = self._deferred, []
             self.apply_events(events)
 
     def apply_events(self, events: Iterable[WatchEvent]) -> None:

@@ -51,8 +51,8 @@ class Writer:
     """Commits plans; `fence` compares (leadership) are added to every transaction.
 
     It also answers what the watch needs to tell its own writes from anyone else's, beside
-    the ledger's own revisions: whether a value is being written right now, and which
-    transactions are in flight (their replies name the revisions that are ours).
+    the ledger's own revisions: whether a value is being written right now, and when no
+    transaction is in flight.
     """
 
     def __init__(
@@ -71,8 +71,10 @@ class Writer:
         self._in_flight = asyncio.Semaphore(max_in_flight)
         # Values being written right now: the watch can report them before the txn reply arrives.
         self._writing: dict[str, str | None] = {}
-        # One event per transaction in flight, set once its reply is in.
-        self._replies: set[asyncio.Event] = set()
+        # Set while no transaction is in flight.
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._sending = 0
 
     def set_limits(self, max_ops: int, max_bytes: int) -> None:
         """etcd's limits per transaction (detected once etcd answers)."""
@@ -85,11 +87,11 @@ class Writer:
     @property
     def busy(self) -> bool:
         """True while a transaction is in flight."""
-        return bool(self._replies)
+        return not self._idle.is_set()
 
-    def in_flight(self) -> list[asyncio.Event]:
-        """The transactions in flight now: each event is set once that transaction's reply is in."""
-        return list(self._replies)
+    async def wait_idle(self) -> None:
+        """Return once no transaction is in flight."""
+        await self._idle.wait()
 
     async def apply(self, groups: Sequence[Sequence[UnitPlan]], fence: Sequence[Compare] = ()) -> ApplyResult:
         """Commit every unit of `groups`; a group (one request) shares a transaction when it fits."""
@@ -117,16 +119,17 @@ class Writer:
             changes = txn.changes + self._beacons(txn)
             for change in changes:
                 self._writing[change.key] = change.new
-            reply_in = asyncio.Event()
-            self._replies.add(reply_in)
+            self._sending += 1
+            self._idle.clear()
             try:
                 reply = await self._etcd.txn(compares, [Op(c.key, c.new) for c in changes])
                 self._record(txn, changes, reply.succeeded, reply.revision)
             finally:
                 for change in changes:
                     self._writing.pop(change.key, None)
-                self._replies.discard(reply_in)
-                reply_in.set()
+                self._sending -= 1
+                if not self._sending:
+                    self._idle.set()
         return reply.succeeded, reply.revision
 
     def _record(self, txn: Txn, changes: list[Change], succeeded: bool, revision: int) -> None:
