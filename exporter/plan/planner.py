@@ -101,13 +101,17 @@ class Planner:
             return None
         desired_kv: dict[str, str] | None = None
         desired_objects: tuple[str, ...] = ()
-        as_rendered = None
+        render_key = None
         if record is None or record.removed:
             self._as_rendered.pop(ref, None)
         else:
             ejected = ejections.ejected(ref, record.ingress)
-            as_rendered = (self._renderer.key_of(record.ingress, ejected, record.value), observed.stamp(ref))
-            if observed_record is not None and observed_record[0] == record.value and self._as_rendered.get(ref) == as_rendered:
+            render_key = self._renderer.key_of(record.ingress, ejected, record.value)
+            found = self._as_rendered.get(ref)
+            if (
+                found is not None and found[0] == render_key and observed_record is not None and observed_record[0] == record.value
+                and found[1] == observed.stamp(ref)
+            ):
                 return None  # its record and keys are as when they were found to be what it renders to
             try:
                 rendered = self._renderer.render(record.ingress, ejected, record.value)
@@ -127,8 +131,8 @@ class Planner:
             observed_record=observed_record,
             root=self._layout.root(ref.authority),
         )
-        if unit is None and as_rendered is not None:
-            self._as_rendered[ref] = as_rendered
+        if unit is None and render_key is not None:
+            self._as_rendered[ref] = (render_key, observed.stamp(ref))
         return unit
 
     def _foreign(

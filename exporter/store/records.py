@@ -11,6 +11,7 @@ dropped after `writer.tombstone_ttl`.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -32,7 +33,13 @@ _INGRESS_FIELD = ',"ingress":'
 def stored_value(content: str, source: str, removed: bool = False, removed_at: float = 0.0) -> str:
     """The JSON stored in etcd for the ingress of canonical JSON `content`."""
     removal = f',"removed":true,"removed_at":{removed_at!r}' if removed else ""
-    return f'{{"source":{json.dumps(source)}{removal}{_INGRESS_FIELD}{content}}}'
+    return f'{{"source":{_json_text(source)}{removal}{_INGRESS_FIELD}{content}}}'
+
+
+@functools.lru_cache(maxsize=1024)
+def _json_text(source: str) -> str:
+    # A handful of sources ("api", each ingress file): encoded once each, not once per record.
+    return json.dumps(source)
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,7 +134,7 @@ class RecordStore:
         self.tombstones.pop(key, None)
         previous = self.records.get(key)
         self.records[key] = record
-        if (previous is None or previous.content != record.content) and self._listener is not None:
+        if (previous is None or previous.value != record.value) and self._listener is not None:
             self._listener(key, record.ingress)
 
     def committed(self, key: IngressRef, record: Record | None) -> None:
