@@ -156,24 +156,31 @@ def daemon_rss(n: int, edge: bool = False) -> float:
             proc.wait(30)
 
 
-async def heap(n: int, edge: bool, top: int = 14) -> None:
-    """Print what a reconciler holding `n` ingresses (synced, written, full-passed) keeps, by allocating line."""
-    tracemalloc.start()
+async def heap(n: int, edge: bool, traced: bool, top: int = 14) -> None:
+    """Print how long a reconciler holding `n` ingresses takes for its full passes once all is written and, when
+    `traced`, what it keeps then, by allocating line (tracing makes the passes slower)."""
+    if traced:
+        tracemalloc.start()
     records = make_records(n)
     if edge:
         records = [Record.of(Ingress.model_validate({**r.ingress.model_dump(), **EDGE})) for r in records]
     async with running_reconciler() as rec:
         await submit_all(rec, records)
         del records
+        took = []
         for _ in range(2):  # the first pass after the writes finds everything as written, the second skips it
-            passes = rec.status.full_passes
+            passes, started = rec.status.full_passes, time.perf_counter()
             rec.request_full()
             while rec.status.full_passes == passes:
-                await asyncio.sleep(0.05)
+                await asyncio.sleep(0.01)
+            took.append(time.perf_counter() - started)
+        print(f"a reconciler with {n} ingresses{', every edge field on each' if edge else ''}: full passes after the writes "
+              f"{took[0]:.2f} s (renders everything), then {took[1]:.2f} s{' (traced)' if traced else ''}")
+        if not traced:
+            return
         gc.collect()
         stats = tracemalloc.take_snapshot().filter_traces([tracemalloc.Filter(False, tracemalloc.__file__)]).statistics("lineno")
-    print(f"held by a reconciler with {n} ingresses{', every edge field on each' if edge else ''}: "
-          f"{sum(s.size for s in stats) / 1e6:.1f} MB traced")
+    print(f"  held: {sum(s.size for s in stats) / 1e6:.1f} MB traced")
     checkout = str(Path(__file__).resolve().parent.parent) + "/"
     for stat in stats[:top]:
         frame = stat.traceback[0]
@@ -198,6 +205,7 @@ async def main() -> None:
     parser.add_argument("--rss", action="store_true", help="only the daemon's RSS")
     parser.add_argument("--edge", action="store_true", help="with --rss or --heap: every edge field on every ingress")
     parser.add_argument("--heap", action="store_true", help="only what an in-process reconciler holds, by line")
+    parser.add_argument("--passes", action="store_true", help="only an in-process reconciler's full passes at --ingresses")
     args = parser.parse_args()
     logger.remove()
     tune_gc()  # the reconciler runs in this process: collected as in the daemon
@@ -207,8 +215,8 @@ async def main() -> None:
         wall = await exporter_bulk(n)
         print(f"exporter bulk sync of {n} ingresses: {wall:.2f}s, this process's CPU {time.process_time() - cpu:.2f}s")
         return
-    if args.heap:
-        await heap(n, args.edge)
+    if args.heap or args.passes:
+        await heap(n, args.edge, traced=args.heap)
         return
     if args.rss:
         what = "ingresses, every edge field on each" if args.edge else "ingresses"

@@ -133,6 +133,7 @@ class Planner:
         )
         if unit is None and render_key is not None:
             self._as_rendered[ref] = (render_key, observed.stamp(ref))
+            self._renderer.forget(render_key)
         return unit
 
     def _foreign(

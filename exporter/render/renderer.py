@@ -219,6 +219,10 @@ class Renderer:
             self._cache.popitem(last=False)
         return rendered
 
+    def forget(self, key: RenderKey) -> None:
+        """Drop one kept render: its keys are in etcd as rendered, the mirror holds them already."""
+        self._cache.pop(key, None)
+
     def key_of(self, ingress: Ingress, ejected: frozenset[str] = frozenset(), cache_key: str | None = None) -> RenderKey:
         """What rendering `ingress` depends on now: two equal keys render to the same keys."""
         ca_file = ingress.ca_file
