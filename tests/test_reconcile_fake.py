@@ -515,3 +515,31 @@ async def test_the_ledger_knows_the_parts_of_a_split_write_and_its_last_revision
         assert seen[0][1] == 0 and all(record_rev > 0 for _, record_rev in seen[1:])
         assert rec.ledger.pending(ref) == 0
         assert rec.ledger.revision_of(ref) == etcd.revision > rec.ledger.record_revision(ref)
+
+
+async def test_a_retried_batch_writes_its_own_record_not_that_of_a_request_queued_after_it(etcd: FakeEtcd) -> None:
+    # A batch's first transaction loses its compare; while it re-reads, a newer request for the
+    # same ingress is queued, which is stale by the time it is planned (a peer stored a newer
+    # revision of its other ingress). The retry must write the batch's own record: writing the
+    # queued one would leave etcd holding a record the store does not know (the store takes the
+    # batch's), and a later plan from the store would write the older one back over it.
+    x, y = uid(), uid()
+    xref, yref = IngressRef(AUTHORITY, x), IngressRef(AUTHORITY, y)
+    later: list[asyncio.Task[None]] = []
+    async with running(etcd, leader=Leader()) as rec:
+        await rec.submit([record(x, upstream=UP), record(y, upstream=UP)])
+
+        async def peer_edit_then_newer_request(_c: Sequence[Compare], _o: Sequence[Op]) -> None:
+            await etcd.put(rule_key(x), "Host(`edited.test`)")  # the batch's compare fails: it is retried
+            later.append(asyncio.create_task(rec.submit([record(x, upstream=UP, revision=3), record(y, upstream=UP, revision=4)])))
+            await asyncio.sleep(0)  # staged, behind the batch
+            await etcd.put(LAYOUT.record_key(yref), record(y, upstream=UP, revision=5).value)  # a peer's newer y
+
+        etcd.before_txn = peer_edit_then_newer_request
+        await rec.submit([], [Removal(xref, 2)])
+        with pytest.raises(StaleRevisionError):
+            await later[0]
+        stored = decode_record(etcd.value(LAYOUT.record_key(xref)) or "")
+        assert stored.removed and stored.revision == 2
+        known = rec.store.latest(xref)
+        assert known is not None and known.value == stored.value

@@ -11,6 +11,9 @@ same step as its plan:
   ingresses is planned from it. Another request of the batch that changes one of them is
   still written, from its own record; refusing a request can leave an ingress's earlier
   request as the one to write, which is judged in turn.
+A batch writes the records of its own requests only, even when a newer request for the same
+ingress was queued meanwhile (during a retry): the store takes the batch's records when it is
+answered, so writing the queued one would leave etcd ahead of the store.
 """
 
 from __future__ import annotations
@@ -72,9 +75,12 @@ class Judge:
         return out, records
 
     def _record(self, ref: IngressRef, requested: Mapping[IngressRef, int], calls: Calls, outcome: Outcome) -> tuple[bool, Record | None]:
-        """(planned at all, the record to plan): the newest pending one unless its request was refused."""
+        """(planned at all, the record to plan): for a requested ingress the newest of this batch's
+        requests not refused, never one of a request queued after the batch was taken (a retry
+        re-plans while new requests arrive: that request is judged, and answered, in its own
+        batch); for any other the newest pending one."""
         mine = calls.get(ref, ()) if ref in requested else ()
-        if not any(call in outcome.refused for call, _ in mine):
+        if not mine:
             return True, self._desired(ref)
         left = [record for call, record in mine if call not in outcome.refused]
         return (True, left[-1]) if left else (False, None)
