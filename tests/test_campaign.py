@@ -54,4 +54,6 @@ def test_the_campaign_finds_nothing(tmp_path: Path, seed: int) -> None:
 def test_a_build_that_acknowledges_without_committing_is_caught(tmp_path: Path) -> None:
     _seed, done = judged(tmp_path, FIXED_SEED, "15", "--defect", "ack-without-commit")
     assert done.returncode == 1, done.stdout[-8000:] + done.stderr[-4000:]
-    assert "VIOLATION rule 1" in done.stdout and "acknowledged and lost" in done.stdout
+    # Rule 1 in either form: an acknowledged upsert missing at the end, or one not durable when answered
+    # (on a slow machine every skipped upsert may be overtaken by a later one before the end).
+    assert "VIOLATION rule 1" in done.stdout
