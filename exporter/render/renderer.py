@@ -51,7 +51,7 @@ BUILTIN_TEMPLATES = _builtin_templates()
 _NOTHING: frozenset[str] = frozenset()
 # Renders kept: a request's worth (1,000 ingresses) and more. Not every ingress: a full pass
 # renders only the ingresses whose keys changed (plan/planner.py), and 10,000 kept renders were
-# 15 MB at every edge field on each.
+# 16 MB at every edge field on each.
 _CACHE_SIZE = 2048
 # What a render depends on: the ingress (its record's stored JSON), the servers left out, the
 # version of its CA file and of the templates.
