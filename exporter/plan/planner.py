@@ -114,7 +114,7 @@ class Planner:
             ):
                 return None  # its record and keys are as when they were found to be what it renders to
             try:
-                rendered = self._renderer.render(record.ingress, ejected, record.value)
+                rendered = self._renderer.render(record.ingress, ejected, key=render_key)
             except TemplateError as exc:
                 self._errors[ref] = exc
                 logger.error("not writing {}: {}", ref, exc.title)

@@ -3,8 +3,8 @@
 Templates (Jinja2, sandboxed, StrictUndefined) produce a fragment of Traefik dynamic
 configuration as JSON (parsing YAML cost 5x more than the whole rest of a render); it is
 validated against `traefik_schema`, its object names are checked to belong to the ingress,
-and it is flattened. Results are cached by record, so an
-unchanged ingress is never rendered twice.
+and it is flattened. Recent results are kept by what they depend on (`key_of`); a planner that
+found an ingress as written does not ask again (plan/planner.py).
 """
 
 from __future__ import annotations
@@ -201,14 +201,17 @@ class Renderer:
         """
         return ingress.protocol not in self._builtin or ingress.ca_file is not None
 
-    def render(self, ingress: Ingress, ejected: frozenset[str] = frozenset(), cache_key: str | None = None) -> RenderedIngress:
+    def render(
+        self, ingress: Ingress, ejected: frozenset[str] = frozenset(), cache_key: str | None = None, *, key: RenderKey | None = None
+    ) -> RenderedIngress:
         """Render `ingress` without the servers/instances whose URLs are in `ejected`.
 
         `cache_key` is a text that names exactly this ingress when the caller has one (its record's
-        stored JSON); without it the ingress's canonical JSON is computed.
+        stored JSON); without it the ingress's canonical JSON is computed. `key`: its `key_of`,
+        when the caller has it already.
         Raises TemplateError (naming the template) when the output is not valid Traefik config.
         """
-        key = self.key_of(ingress, ejected, cache_key)
+        key = key if key is not None else self.key_of(ingress, ejected, cache_key)
         hit = self._cache.get(key)
         if hit is not None:
             self._cache.move_to_end(key)
