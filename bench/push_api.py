@@ -8,7 +8,8 @@
    per request (new revisions of 1,000 ingresses in place), against the same 50 clients sending
    bare one-ingress transactions straight to etcd's gateway (the ingress's keys, its record and
    a beacon: what the exporter would write for it alone), with the CPU seconds of the daemon,
-   etcd and the clients in each. Target: >= 1.0x the bare writer.
+   etcd and the clients in each. The two sides take turns, one revision of every ingress at a
+   time, so the machine's drift hits both alike. Target: >= 1.0x the bare writer.
 3. Push-to-served: 1,000 new ingresses pushed by 10 closed-loop clients, one per request and 100
    per request, until Traefik routes all (targets 3 s and 1.5 s), with the etcd revisions used and
    the CPU seconds of Traefik and of the daemon in the same run.
@@ -26,7 +27,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
@@ -147,45 +148,76 @@ async def _closed_loop(clients: int, requests: list[T], send: Callable[[T], Awai
     return time.perf_counter() - started, latencies
 
 
-async def throughput(in_place: int = 1000, per_ingress: int = 5, clients: int = 50) -> Throughput:
-    """The exporter: single-ingress upserts of ingresses in place from `clients` clients."""
-    rounds = _changes(in_place, per_ingress)
-    requests = [r for batch in rounds for r in batch]
-    with fresh_etcd() as etcd, tempfile.TemporaryDirectory() as tmp:
+@dataclass
+class _Tally:
+    """What one side's slices of a throughput run add up to."""
+
+    seconds: float = 0.0
+    requests: int = 0
+    daemon_cpu: float = 0.0
+    etcd_cpu: float = 0.0
+    clients_cpu: float = 0.0
+    latencies: list[float] = field(default_factory=list)
+
+    async def slice(self, clients: int, requests: list[T], send: Callable[[T], Awaitable[None]], daemon: int | None, etcd: int) -> None:
+        """One closed-loop slice of `requests`, with the CPU seconds of the processes it drives."""
+        before = cpu_seconds(daemon) if daemon else 0.0, cpu_seconds(etcd), time.process_time()
+        seconds, latencies = await _closed_loop(clients, requests, send)
+        self.seconds += seconds
+        self.requests += len(requests)
+        self.daemon_cpu += (cpu_seconds(daemon) if daemon else 0.0) - before[0]
+        self.etcd_cpu += cpu_seconds(etcd) - before[1]
+        self.clients_cpu += time.process_time() - before[2]
+        self.latencies += latencies
+
+    def result(self) -> Throughput:
+        """The side's figures over all its slices."""
+        return Throughput(self.requests / self.seconds, self.daemon_cpu, self.etcd_cpu, self.clients_cpu, pct(self.latencies, 0.99))
+
+
+async def throughput(in_place: int = 1000, slices: int = 6, clients: int = 50) -> tuple[Throughput, Throughput]:
+    """The exporter and the bare writer from the same `clients` clients, in interleaved slices.
+
+    The exporter: single-ingress upserts of ingresses in place. The bare writer: each request
+    one txn of that ingress's keys, its record and a beacon, straight to another etcd holding
+    the same keys. Each slice is one new revision of every ingress in place, sent to one side
+    and then to the other (which side goes first alternates), so that the machine's drift
+    during a run (a shared machine's speed moves by tens of percent within seconds) hits both
+    sides alike and the ratio is a same-moment one.
+    """
+    rounds = _changes(in_place, slices)
+    layout = KeyLayout(ROOT_KEY, RECORDS)
+    beacon = layout.beacon_key(layout.root("bench"))
+    bare_bodies = [
+        [txn_body([], [Op(k, v) for k, v in [*keys, (beacon, f"bare {n}.{i}")]]) for i, keys in enumerate(ingress_keys(batch))]
+        for n, batch in enumerate(rounds)
+    ]
+    ours, bare = _Tally(), _Tally()
+    with fresh_etcd() as etcd, fresh_etcd() as bare_etcd, tempfile.TemporaryDirectory() as tmp:
         proc, base, _control = start_daemon(etcd.url, Path(tmp))
         try:
-            async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=clients)) as session:
+            await raw_write(bare_etcd.url, exporter_keys(make_records(in_place)), 8)
+            async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=clients)) as session, \
+                    aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=clients)) as bare_session:
                 await wait_up(session, base)
                 await put_in_place(session, base, in_place)
-                before = cpu_seconds(proc.pid), cpu_seconds(etcd.proc.pid), time.process_time()
-                seconds, latencies = await _closed_loop(clients, requests, lambda r: upsert(session, base, [r]))
-                return Throughput(len(requests) / seconds, cpu_seconds(proc.pid) - before[0], cpu_seconds(etcd.proc.pid) - before[1],
-                                  time.process_time() - before[2], pct(latencies, 0.99))
+
+                async def send_bare(body: bytes) -> None:
+                    async with bare_session.post(f"{bare_etcd.url}/v3/kv/txn", data=body) as resp:
+                        resp.raise_for_status()
+                        await resp.read()
+
+                for n, batch in enumerate(rounds):
+                    sides = [
+                        ours.slice(clients, batch, lambda r: upsert(session, base, [r]), proc.pid, etcd.proc.pid),
+                        bare.slice(clients, bare_bodies[n], send_bare, None, bare_etcd.proc.pid),
+                    ]
+                    for side in sides if n % 2 == 0 else reversed(sides):
+                        await side
+            return ours.result(), bare.result()
         finally:
             proc.terminate()
             proc.wait(30)
-
-
-async def bare_throughput(in_place: int = 1000, per_ingress: int = 5, clients: int = 50) -> Throughput:
-    """The baseline: the same clients, each request one bare txn of the ingress's keys, record and a beacon."""
-    rounds = _changes(in_place, per_ingress)
-    layout = KeyLayout(ROOT_KEY, RECORDS)
-    beacon = layout.beacon_key(layout.root("bench"))
-    records = [r for batch in rounds for r in batch]
-    bodies = [txn_body([], [Op(k, v) for k, v in [*keys, (beacon, f"bare {n}")]]) for n, keys in enumerate(ingress_keys(records))]
-    with fresh_etcd() as etcd:
-        await raw_write(etcd.url, exporter_keys(make_records(in_place)), 8)
-        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=clients)) as session:
-
-            async def send(body: bytes) -> None:
-                async with session.post(f"{etcd.url}/v3/kv/txn", data=body) as resp:
-                    resp.raise_for_status()
-                    await resp.read()
-
-            before = cpu_seconds(etcd.proc.pid), time.process_time()
-            seconds, latencies = await _closed_loop(clients, bodies, send)
-            return Throughput(len(bodies) / seconds, 0.0, cpu_seconds(etcd.proc.pid) - before[0], time.process_time() - before[1],
-                              pct(latencies, 0.99))
 
 
 def cpu_seconds(pid: int) -> float:
@@ -255,10 +287,7 @@ async def main() -> None:
         print(f"  floor, a relay answering after one bare txn: p50 {relay50 * 1000:.1f} ms, p99 {relay99 * 1000:.1f} ms "
               f"(p99/rtt {relay99 / rtt:.1f}); exporter p99 / relay p99 {p99 / relay99:.1f}")
 
-    pairs = []
-    for _ in range(args.runs if args.only in (None, "throughput") else 0):
-        # Alternated, so that the machine's drift hits both alike.
-        pairs.append((await throughput(), await bare_throughput()))
+    pairs = [await throughput() for _ in range(args.runs if args.only in (None, "throughput") else 0)]
     for ours, bare in pairs:
         print(f"  run: exporter {ours.rate:.0f}/s (p99 {ours.p99 * 1000:.0f} ms; CPU daemon {ours.daemon_cpu:.1f}s, etcd "
               f"{ours.etcd_cpu:.1f}s, clients {ours.clients_cpu:.1f}s), bare {bare.rate:.0f}/s (p99 {bare.p99 * 1000:.0f} ms; "

@@ -7,7 +7,8 @@ replay history from a start revision, and compaction. `down` makes every call fa
 unreachable etcd; `before_txn` runs a hook (a peer's write) before a transaction is applied;
 `max_txn_ops` bounds operations and, separately, compares (400), and a request larger than the
 gRPC bound of etcd's default `--max-request-bytes` is refused as etcd's gateway does (429);
-`watches_flowing` cleared holds every watch stream back.
+`watches_flowing` cleared holds every watch stream back; `hold(prefix)` holds back only the
+watches on one prefix (one watch lagging another) until `release(prefix)`.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ class FakeEtcd:
         # Cleared, watches hand over nothing (a slow watch stream)
         self.watches_flowing = asyncio.Event()
         self.watches_flowing.set()
+        self._held: dict[str, asyncio.Event] = {}
         self._kv: dict[str, _Stored] = {}
         self._history: list[tuple[int, str, str | None]] = []
         self._leases: dict[int, int] = {}
@@ -95,6 +97,8 @@ class FakeEtcd:
                     batches.setdefault(rev, []).append(WatchEvent.of(key, value, rev))
             for rev in sorted(batches):
                 await self.watches_flowing.wait()
+                if (held := self._held.get(prefix)) is not None:
+                    await held.wait()
                 yield batches[rev]
                 self.delivered[prefix] = rev
             sent = max(sent, upto)
@@ -102,6 +106,14 @@ class FakeEtcd:
                 if self.revision == sent and not self.down:
                     await self._changed.wait()
             self._check()
+
+    def hold(self, prefix: str) -> None:
+        """Hold back what the watches on `prefix` would hand over next."""
+        self._held.setdefault(prefix, asyncio.Event())
+
+    def release(self, prefix: str) -> None:
+        """Let the watches on `prefix` hand over what they hold."""
+        self._held.pop(prefix).set()
 
     async def lease_grant(self, ttl: int) -> int:
         self._check()

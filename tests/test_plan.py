@@ -74,6 +74,28 @@ def test_update_changes_only_what_differs_and_guards_on_observed_revisions() -> 
     assert Compare("traefik/worker_test/http/services/test_llama/", "LESS", 8, prefix=True) in unit.compares
 
 
+def test_the_record_compare_alone_guards_once_the_mirror_holds_the_keys_committed_with_the_record() -> None:
+    obs = Observed(LAYOUT)
+    p = planner()
+    v1 = record("llama", upstream=UP)
+    observed_after(p.plan({v1.key: v1}, obs), obs, revision=7)
+    v2 = record("llama", revision=2, upstream={"servers": [{"url": "http://10.0.0.9:8000"}]})
+    objects = ("traefik/worker_test/http/routers/test_llama", "traefik/worker_test/http/services/test_llama")
+
+    def guards() -> list[Compare]:
+        (unit,) = p.plan({v2.key: v2}, obs, owners=[v2.key]).units
+        assert unit.objects == objects  # what a conflict re-reads, compared or not
+        return unit.compares
+
+    # The roots' watch has not delivered revision 7 (a peer's commit): its keys may be missing.
+    assert [c.key for c in guards() if c.prefix] == [o + "/" for o in objects]
+    obs.keys_seen = 7
+    assert guards() == [Compare("records/test/llama", "EQUAL", 7)]
+    obs.keys_seen = 6
+    obs.own = lambda revision: revision == 7  # our own commit: the mirror took its keys from the reply
+    assert guards() == [Compare("records/test/llama", "EQUAL", 7)]
+
+
 def test_removal_deletes_every_owned_key_and_the_record() -> None:
     obs = Observed(LAYOUT)
     p = planner()

@@ -122,19 +122,47 @@ async def test_removal_leaves_a_tombstone_that_refuses_older_upserts(etcd: FakeE
         assert info.value.data["stored_revision"] == 2
 
 
-async def test_a_foreign_edit_between_plan_and_commit_fails_the_txn_and_the_request_is_replanned(etcd: FakeEtcd) -> None:
+async def test_a_foreign_edit_between_plan_and_commit_is_seen_by_the_watch_and_repaired(etcd: FakeEtcd) -> None:
+    # The mirror holds every key committed with the record: the record compare alone guards
+    # the push (no range scan for etcd), and a key another writer changes meanwhile is drift.
     iid = uid()
+    url = f"{ROOT}/http/services/{AUTHORITY}_{iid}/loadBalancer/servers/000/url"
     async with running(etcd) as rec:
         await rec.submit([record(iid, upstream=UP)])
 
         async def hijack(_c: Sequence[Compare], _o: Sequence[Op]) -> None:
-            await etcd.put(rule_key(iid), "Host(`hijacked.test`)")
+            await etcd.put(url, "http://10.6.6.6:1")
 
         etcd.before_txn = hijack
         before = len(etcd.txns)
         await rec.submit([record(iid, revision=2, upstream=UP, path_prefix="/v2")])
-        assert [ok for _c, _o, ok in etcd.txns[before:]] == [False, True]
+        compares, _ops, ok = etcd.txns[before]
+        assert ok and not any(c.prefix for c in compares)
         assert etcd.value(rule_key(iid)) == f"Host(`{iid}.test`) && PathPrefix(`/v2`)"
+        await eventually(lambda: _value_is(etcd, url, "http://10.0.0.5:8000"))
+
+
+async def test_a_push_planned_while_the_roots_watch_lags_behind_a_peers_record_is_guarded_by_its_keys(etcd: FakeEtcd) -> None:
+    # A peer commits revision 2 (its record and keys, one transaction: an allowlist middleware
+    # the router now uses); our records' watch delivers it, the roots' watch not yet. Revision
+    # 3 drops the allowlist: planned against the keys of revision 1 it would change nothing
+    # under the root and leave the peer's middleware in use. Range compares catch it.
+    # Both are followers meanwhile: no drift repair rewrites the keys behind the push's back.
+    iid = uid()
+    router = f"{ROOT}/http/routers/{AUTHORITY}_{iid}/"
+    peer_leads = Leader(True)
+    async with running(etcd, leader=Leader(False)) as rec, running(etcd, leader=peer_leads) as peer:
+        await rec.submit([record(iid, upstream=UP)])
+        etcd.hold(LAYOUT.roots_prefix)
+        await peer.submit([record(iid, revision=2, upstream=UP, allowed_client_ips=["10.0.0.0/8"])])
+        peer_leads.leading = False
+        assert any("/middlewares/" in k for k in etcd.keys(router))
+        await eventually(lambda: _stored_revision(rec, iid, 2))
+        before = len(etcd.txns)
+        await rec.submit([record(iid, revision=3, upstream=UP)])
+        assert [ok for _c, _o, ok in etcd.txns[before:]] == [False, True]
+        assert not any("/middlewares/" in k for k in etcd.keys(router))
+        etcd.release(LAYOUT.roots_prefix)
 
 
 async def test_a_newer_record_a_peer_committed_makes_the_request_stale_and_is_adopted(etcd: FakeEtcd) -> None:
@@ -543,3 +571,8 @@ async def test_a_retried_batch_writes_its_own_record_not_that_of_a_request_queue
         assert stored.removed and stored.revision == 2
         known = rec.store.latest(xref)
         assert known is not None and known.value == stored.value
+
+
+async def _stored_revision(rec: Reconciler, iid: str, revision: int) -> bool:
+    stored = rec.store.get(IngressRef(AUTHORITY, iid))
+    return stored is not None and stored.revision == revision

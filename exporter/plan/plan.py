@@ -2,8 +2,9 @@
 
 `diff`, `run --dry-run` and the writer share this one type, so what operators read is
 exactly what the writer applies. Each unit is one ingress (or one root's own keys) with the
-compares that guard it: the record's mod_revision, and one range compare per existing object
-subtree, so a concurrent or stale writer fails and re-plans instead of overwriting.
+compares that guard it: the record's mod_revision, so a concurrent or stale writer fails and
+re-plans instead of overwriting; and, while the mirror may not hold the keys committed with
+that record yet, one range compare per object subtree.
 """
 
 from __future__ import annotations
@@ -50,6 +51,8 @@ class UnitPlan:
     root: str = ""
     # A record committed alone whose key changes were held back for later.
     keys_held: bool = False
+    # The object subtrees (paths) the ingress's keys are in, observed or desired: what a conflict re-reads.
+    objects: tuple[str, ...] = ()
 
 
 @dataclass(slots=True)
@@ -97,8 +100,12 @@ def plan_ingress(
     desired_record: Record | None,
     observed_record: tuple[str, int] | None,
     root: str = "",
+    keys_current: bool = False,
 ) -> UnitPlan | None:
-    """Diff one ingress: `desired` keys (None: remove it) against what etcd holds for it."""
+    """Diff one ingress: `desired` keys (None: remove it) against what etcd holds for it.
+
+    `keys_current`: the observed keys include every key committed with the observed record.
+    """
     want = desired or {}
     observed_keys = {key: value for keys in observed_objects.values() for key, (value, _mod) in keys.items()}
     if observed_keys:
@@ -111,34 +118,40 @@ def plan_ingress(
     record = Change(record_key, old_record, record_value) if record_value != old_record else None
     if not changes and record is None:
         return None
+    guarded = sorted(set(observed_objects) if observed_record is None else set(observed_objects) | set(desired_objects))
     return UnitPlan(
         name=str(owner),
         changes=with_record(order_changes(changes), record),
-        compares=_guards(record_key, observed_record, observed_objects, desired_objects),
+        compares=_guards(record_key, observed_record, observed_objects, guarded, keys_current),
         owner=owner,
         record=desired_record,
         removed=desired is None,
         root=root,
+        objects=tuple(guarded),
     )
 
 
 def _guards(
     record_key: str, observed_record: tuple[str, int] | None,
-    observed_objects: dict[str, dict[str, tuple[str, int]]], desired_objects: tuple[str, ...],
+    observed_objects: dict[str, dict[str, tuple[str, int]]], guarded: list[str], keys_current: bool,
 ) -> list[Compare]:
     """The compares of one ingress's transaction.
 
-    The record guards against every other exporter (write/ledger.py); a range
-    compare per object guards its keys against any other writer, and against a mirror that
-    has seen a peer's record but not yet its keys (two watches). A brand-new ingress (no
-    record anywhere) needs no range compare for the objects it creates: no exporter wrote
-    them, and a foreign key written into one meanwhile is seen by the watch and repaired
-    like any drift. That saves etcd a range scan per object on every creation, the bulk of
-    a bulk sync.
+    The record guards against every other exporter: each writes the record with the keys
+    it renders to (write/ledger.py), so a stale plan fails on it. A range compare per object
+    is added only while the mirror may hold the record but not the keys committed with it:
+    the records and the roots are two watches, so a peer's record can arrive before its
+    keys, and a plan against the older keys would leave the peer's keys beside ours. Once
+    the roots' watch has delivered past the record's commit (or it is our own), the record
+    compare alone guards the ingress. etcd reads every key of every range compare on every
+    transaction (a third of a push transaction's etcd CPU, docs/performance.md); keys a
+    writer that is no exporter changes meanwhile are seen by the watch and repaired like any
+    drift, as they are for a brand-new ingress (no record anywhere), which never needs one.
     """
     compares = [record_guard(record_key, observed_record)]
-    guarded = set(observed_objects) if observed_record is None else set(observed_objects) | set(desired_objects)
-    for obj in sorted(guarded):
+    if observed_record is not None and keys_current:
+        return compares
+    for obj in guarded:
         keys = observed_objects.get(obj, {})
         newest = max((mod for _v, mod in keys.values()), default=0)
         compares.append(Compare(obj + "/", "LESS", newest + 1, prefix=True))

@@ -130,6 +130,7 @@ class Planner:
             desired_record=record,
             observed_record=observed_record,
             root=self._layout.root(ref.authority),
+            keys_current=observed_record is not None and observed.keys_current(observed_record[1]),
         )
         if unit is None and render_key is not None:
             self._as_rendered[ref] = (render_key, observed.stamp(ref))

@@ -66,7 +66,7 @@ class Mirror:
         self._idle_timeout = idle_timeout
         self._supervisor = supervisor if supervisor is not None else Supervisor()
         self._listed = asyncio.Event()
-        self._deferred: list[WatchEvent] = []
+        self._deferred: list[tuple[list[WatchEvent], bool]] = []
         self._draining: asyncio.Task[None] | None = None
         self._watches: list[asyncio.Task[None]] = []
         # Per watched prefix: the newest revision its watch delivered (or skipped, see above).
@@ -111,14 +111,15 @@ class Mirror:
         for unit in units:
             for compare in unit.compares:
                 if compare.prefix:
-                    page = await self._etcd.range_prefix(compare.key)
-                    self._observed.replace_object(compare.key.rstrip("/"), page.kvs)
                     continue
                 found = await self._etcd.get(compare.key)
                 value = found.value if found else None
                 self._observed.set(compare.key, value, found.mod_revision if found else 0)
                 if unit.owner is not None and compare.key == self._layout.record_key(unit.owner):
                     self.adopt_record(compare.key, value)
+            for obj in unit.objects:  # read after the record: its keys are at least as new
+                page = await self._etcd.range_prefix(obj + "/")
+                self._observed.replace_object(obj, page.kvs)
 
     # ----- watches
 
@@ -181,7 +182,7 @@ class Mirror:
             start = max(self._positions.get(prefix, 0), self._observed.revision) + 1
             try:
                 async for events in self._etcd.watch_prefix(prefix, start, idle_timeout=self._idle_timeout):
-                    self._on_events(events)
+                    self._on_events(events, roots=prefix == self._layout.roots_prefix)
                     last = max(self._positions.get(prefix, 0), *(e.mod_revision for e in events))
                     self._positions[prefix] = last
                     self._ledger.forget_until(last)
@@ -194,24 +195,29 @@ class Mirror:
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, _BACKOFF_MAX)
 
-    def _on_events(self, events: list[WatchEvent]) -> None:
+    def _on_events(self, events: list[WatchEvent], *, roots: bool) -> None:
         if self._writer.busy:
             # Our own transactions are in flight: their events are recognised by revision once
             # the replies are in, without decoding them.
-            self._deferred.extend(events)
+            self._deferred.append((events, roots))
             if self._draining is None or self._draining.done():
                 self._draining = self._supervisor.spawn("deferred events", self._drain_deferred)
             return
-        self.apply_events(events)
+        self.apply_events(events, roots=roots)
 
     async def _drain_deferred(self) -> None:
         while self._deferred:
             await self._writer.wait_idle()
-            events, self._deferred = self._deferred, []
-            self.apply_events(events)
+            deferred, self._deferred = self._deferred, []
+            for events, roots in deferred:
+                self.apply_events(events, roots=roots)
 
-    def apply_events(self, events: Iterable[WatchEvent]) -> None:
-        """Mirror events from a watch; ingresses someone else changed are reported as drifted."""
+    def apply_events(self, events: Sequence[WatchEvent], *, roots: bool = False) -> None:
+        """Mirror events from a watch; ingresses someone else changed are reported as drifted.
+
+        `roots`: the events are a message of the roots' watch, which delivers every write under
+        the roots in revision order, so the mirror then holds every key written up to the last.
+        """
         changed: set[IngressRef] = set()
         for event in events:
             if event.mod_revision <= self._observed.revision or self._ledger.is_own(event.mod_revision):
@@ -219,6 +225,8 @@ class Mirror:
             ref = self._apply_event(event)
             if ref is not None:
                 changed.add(ref)
+        if roots and events:
+            self._observed.keys_seen = max(self._observed.keys_seen, *(e.mod_revision for e in events))
         if changed:
             self._on_drift(sorted(changed))
 

@@ -53,6 +53,7 @@ class CommitLedger:
     """What each ingress's commits are, the parts in flight, and this writer's own revisions."""
 
     def __init__(self, observed: Observed) -> None:
+        observed.own = self.is_own
         self._observed = observed
         self.layout = observed.layout
         # Newest commit that changed an ingress's keys, only while it is newer than its record's.

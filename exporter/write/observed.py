@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict, deque
-from collections.abc import Collection, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator
 from dataclasses import dataclass
 from typing import cast
 
@@ -45,6 +45,12 @@ class Observed:
         self._loose: set[str] = set()
         self._beacons: dict[str, deque[BeaconWrite]] = defaultdict(lambda: deque(maxlen=_BEACON_HISTORY))
         self.revision = 0
+        # Every write under the roots up to this revision is in the mirror (the roots' watch has
+        # delivered it, or a full read was taken there); the records' watch may run ahead of it.
+        self.keys_seen = 0
+        # Whether a revision is one of our own commits, whose keys the mirror took from the reply
+        # (the commit ledger sets it).
+        self.own: Callable[[int], bool] = lambda _revision: False
 
     def set(self, key: str, value: str | None, mod_revision: int) -> None:
         """Record a put (value) or delete (None) seen at `mod_revision`."""
@@ -107,6 +113,11 @@ class Observed:
         for key, value, mod in kvs:
             self.set(key, value, revisions.setdefault(mod, mod))
         self.revision = revision
+        self.keys_seen = max(self.keys_seen, revision)
+
+    def keys_current(self, revision: int) -> bool:
+        """True when the mirror holds every key written under the roots at `revision` (a record's commit)."""
+        return revision <= self.keys_seen or self.own(revision)
 
     def get(self, key: str) -> tuple[str, int] | None:
         """The observed value and mod_revision of one key (None: not there)."""
