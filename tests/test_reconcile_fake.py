@@ -163,6 +163,15 @@ async def test_a_push_planned_while_the_roots_watch_lags_behind_a_peers_record_i
         assert [ok for _c, _o, ok in etcd.txns[before:]] == [False, True]
         assert not any("/middlewares/" in k for k in etcd.keys(router))
         etcd.release(LAYOUT.roots_prefix)
+        # Once the roots' watch has delivered past a peer's commit, its record compare suffices.
+        await peer.submit([record(iid, revision=4, upstream=UP, path_prefix="/v4")])
+        committed = etcd.revision
+        await eventually(lambda: _stored_revision(rec, iid, 4))
+        await eventually(lambda: _keys_seen(rec, committed))
+        before = len(etcd.txns)
+        await rec.submit([record(iid, revision=5, upstream=UP, path_prefix="/v5")])
+        (compares, _ops, ok), = etcd.txns[before:]
+        assert ok and not any(c.prefix for c in compares)
 
 
 async def test_a_newer_record_a_peer_committed_makes_the_request_stale_and_is_adopted(etcd: FakeEtcd) -> None:
@@ -576,3 +585,7 @@ async def test_a_retried_batch_writes_its_own_record_not_that_of_a_request_queue
 async def _stored_revision(rec: Reconciler, iid: str, revision: int) -> bool:
     stored = rec.store.get(IngressRef(AUTHORITY, iid))
     return stored is not None and stored.revision == revision
+
+
+async def _keys_seen(rec: Reconciler, revision: int) -> bool:
+    return rec.observed.keys_seen >= revision
