@@ -144,9 +144,10 @@ def _guards(
     keys, and a plan against the older keys would leave the peer's keys beside ours. Once
     the roots' watch has delivered past the record's commit (or it is our own), the record
     compare alone guards the ingress. etcd reads every key of every range compare on every
-    transaction (a third of a push transaction's etcd CPU, docs/performance.md); keys a
-    writer that is no exporter changes meanwhile are seen by the watch and repaired like any
-    drift, as they are for a brand-new ingress (no record anywhere), which never needs one.
+    transaction (a third of a push transaction's etcd CPU, docs/performance.md); keys changed
+    meanwhile without a new record (a foreign writer, the leader's health rewrite) are seen
+    by the watch and planned again like any drift, as they are for a brand-new ingress (no
+    record anywhere), which never needs one.
     """
     compares = [record_guard(record_key, observed_record)]
     if observed_record is not None and keys_current:
