@@ -174,6 +174,27 @@ async def test_a_push_planned_while_the_roots_watch_lags_behind_a_peers_record_i
         assert ok and not any(c.prefix for c in compares)
 
 
+async def test_a_recreate_planned_while_the_roots_watch_lags_behind_a_peers_removal_writes_every_key(etcd: FakeEtcd) -> None:
+    # A peer removes the ingress (its tombstone and the deletes, one transaction); our records'
+    # watch delivers the tombstone, the roots' watch not yet. Re-created as it was, the plan
+    # against the keys still mirrored would write the record alone: a range compare passes on
+    # deleted keys, the compare on one key of each object does not.
+    iid = uid()
+    peer_leads = Leader(True)
+    async with running(etcd, leader=Leader(False)) as rec, running(etcd, leader=peer_leads) as peer:
+        await rec.submit([record(iid, upstream=UP)])
+        etcd.hold(LAYOUT.roots_prefix)
+        await peer.submit([], [Removal(IngressRef(AUTHORITY, iid), 2)])
+        peer_leads.leading = False
+        assert etcd.value(rule_key(iid)) is None
+        await eventually(lambda: _tombstone_of(rec, iid, 2))
+        before = len(etcd.txns)
+        await rec.submit([record(iid, revision=3, upstream=UP)])
+        assert [ok for _c, _o, ok in etcd.txns[before:]] == [False, True]
+        assert etcd.value(rule_key(iid)) == f"Host(`{iid}.test`)"
+        etcd.release(LAYOUT.roots_prefix)
+
+
 async def test_a_newer_record_a_peer_committed_makes_the_request_stale_and_is_adopted(etcd: FakeEtcd) -> None:
     iid = uid()
     async with running(etcd) as rec, running(etcd) as peer:
@@ -589,3 +610,8 @@ async def _stored_revision(rec: Reconciler, iid: str, revision: int) -> bool:
 
 async def _keys_seen(rec: Reconciler, revision: int) -> bool:
     return rec.observed.keys_seen >= revision
+
+
+async def _tombstone_of(rec: Reconciler, iid: str, revision: int) -> bool:
+    stored = rec.store.latest(IngressRef(AUTHORITY, iid))
+    return stored is not None and stored.removed and stored.revision == revision

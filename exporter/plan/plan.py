@@ -156,6 +156,11 @@ def _guards(
         keys = observed_objects.get(obj, {})
         newest = max((mod for _v, mod in keys.values()), default=0)
         compares.append(Compare(obj + "/", "LESS", newest + 1, prefix=True))
+        if keys and observed_record is not None:
+            # etcd passes a range compare on keys deleted meanwhile (an empty range is "less"):
+            # one key of each object as observed catches a peer's removal of the object.
+            first = min(keys)
+            compares.append(Compare(first, "EQUAL", keys[first][1]))
     return compares
 
 

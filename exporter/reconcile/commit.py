@@ -215,7 +215,7 @@ class Committer:
             if record and (ref in groups or not held):
                 # The record alone, guarded by its own compare: nothing under the root changes.
                 out.append(UnitPlan(
-                    name=unit.name, changes=record, compares=[c for c in unit.compares if not c.prefix], owner=ref,
+                    name=unit.name, changes=record, compares=[c for c in unit.compares if c.key == record_key], owner=ref,
                     record=unit.record, removed=unit.removed, keys_held=held,
                 ))
         return out
