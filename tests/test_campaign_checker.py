@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from bench.campaign.checker import History, Request, Stored, check
+from bench.campaign.checker import History, Request, Stored, check, conflicts_with_cause
 
 ROOT = "traefik/worker_c"
 RECORDS = "records"
@@ -134,3 +134,19 @@ def test_a_host_answered_by_a_server_it_does_not_have_breaks_rule_5() -> None:
     history = clean()
     history.served["traefik-a"]["x.test"] = (200, "another-backend")
     assert rules(history) == [5]
+
+
+def test_a_409_naming_the_revision_a_remove_without_one_took_has_a_cause() -> None:
+    # A remove without a revision takes the stored one. An upsert committed while its reply
+    # was lost, then removed at its own revision, is answered 409 naming that revision.
+    stored = {"c/x": {1, 2, 3}}
+    lost = Request("a", "upsert", "c/x", 3, 4.0, 6.0, 409, refused_by=3)
+    bare = Request("b", "remove", "c/x", None, 4.1, 4.2, 204)
+    assert conflicts_with_cause([lost, bare], stored) == []
+    assert len(conflicts_with_cause([lost], stored)) == 1
+    after = Request("b", "remove", "c/x", None, 6.5, 6.6, 204)  # sent after the answer: no cause
+    assert len(conflicts_with_cause([lost, after], stored)) == 1
+    older = Request("a", "upsert", "c/x", 3, 4.0, 6.0, 409, refused_by=2)  # names an older revision
+    assert len(conflicts_with_cause([older, bare], stored)) == 1
+    never = Request("a", "upsert", "c/x", 4, 4.0, 6.0, 409, refused_by=4)  # a revision etcd never held
+    assert len(conflicts_with_cause([never, bare], stored)) == 1

@@ -15,7 +15,8 @@ a sentence, and a violation names the ingress and the slice of the history that 
    other request with a revision >= r for it had been sent, one that etcd stored at some point,
    that got no definite answer, or whose revision the 409 names as the one it was refused
    against (requests are checked against the newest accepted revision, pending or committed:
-   a pending one may fail afterwards).
+   a pending one may fail afterwards); a remove without a revision counts as one of the
+   stored revision the 409 names, which its tombstone may have taken.
 3. History: at no etcd revision does a router refer to a missing service, middleware or
    transport, and no record's revision ever decreases.
 4. `diff` finds nothing on any root at the end.
@@ -202,12 +203,21 @@ def conflicts_with_cause(requests: Sequence[Request], stored: Mapping[str, set[i
     """Rule 2 (a call of several ingresses is refused as a whole: one caused 409 among them is enough)."""
     by_ingress = _by_ingress(requests)
 
-    def caused(answer: Request) -> bool:
-        return answer.revision is None or any(
-            r is not answer and r.revision is not None and r.revision >= answer.revision and r.invoked <= answer.completed
-            and (r.revision in stored.get(answer.ingress, ()) or not definite(r.status) or r.revision == answer.refused_by)
-            for r in by_ingress[answer.ingress]
+    def caused_by(r: Request, answer: Request, revision: int) -> bool:
+        if r is answer or r.invoked > answer.completed:
+            return False
+        if r.revision is None:
+            # A remove without a revision takes the one stored when it is applied (a request's
+            # own included, committed while its reply was lost): the 409 names it.
+            named = answer.refused_by
+            return r.op == "remove" and named is not None and named >= revision and named in stored.get(answer.ingress, ())
+        return r.revision >= revision and (
+            r.revision in stored.get(answer.ingress, ()) or not definite(r.status) or r.revision == answer.refused_by
         )
+
+    def caused(answer: Request) -> bool:
+        revision = answer.revision
+        return revision is None or any(caused_by(r, answer, revision) for r in by_ingress[answer.ingress])
 
     batches: dict[int, list[Request]] = defaultdict(list)
     for request in requests:
