@@ -61,12 +61,17 @@ def test_idle_plan_is_empty() -> None:
     assert again.empty and again.foreign == []
 
 
-def test_update_changes_only_what_differs_and_guards_on_observed_revisions() -> None:
+def updated_after_revision_7() -> tuple[Planner, Observed, Record]:
+    """A planner and a mirror holding revision 1 of an ingress as committed at etcd revision 7, and its revision 2."""
     obs = Observed(LAYOUT)
     p = planner()
     v1 = record("llama", upstream=UP)
     observed_after(p.plan({v1.key: v1}, obs), obs, revision=7)
-    v2 = record("llama", revision=2, upstream={"servers": [{"url": "http://10.0.0.9:8000"}]})
+    return p, obs, record("llama", revision=2, upstream={"servers": [{"url": "http://10.0.0.9:8000"}]})
+
+
+def test_update_changes_only_what_differs_and_guards_on_observed_revisions() -> None:
+    p, obs, v2 = updated_after_revision_7()
     (unit,) = p.plan({v2.key: v2}, obs, owners=[v2.key]).units
     signs = {c.key.rsplit("test_llama/", 1)[-1]: c.sign for c in unit.changes}
     assert signs == {"records/test/llama": "~", "loadBalancer/servers/000/url": "~"}
@@ -75,11 +80,7 @@ def test_update_changes_only_what_differs_and_guards_on_observed_revisions() -> 
 
 
 def test_the_record_compare_alone_guards_once_the_mirror_holds_the_keys_committed_with_the_record() -> None:
-    obs = Observed(LAYOUT)
-    p = planner()
-    v1 = record("llama", upstream=UP)
-    observed_after(p.plan({v1.key: v1}, obs), obs, revision=7)
-    v2 = record("llama", revision=2, upstream={"servers": [{"url": "http://10.0.0.9:8000"}]})
+    p, obs, v2 = updated_after_revision_7()
     objects = ("traefik/worker_test/http/routers/test_llama", "traefik/worker_test/http/services/test_llama")
 
     def guards() -> list[Compare]:

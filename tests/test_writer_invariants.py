@@ -110,7 +110,7 @@ async def test_a_foreign_edit_between_plan_and_commit_is_repaired_once_the_watch
         assert metrics.TXNS.labels("conflict")._value.get() == conflicts
         kv = await etcd_client.get(rule_key)
         assert kv is not None and kv.value == f"Host(`{iid}.test`) && PathPrefix(`/v2`)"
-        await eventually(lambda: _value_is(etcd_client, url_key, backends[0].url))
+        await eventually(lambda: _value(etcd_client, url_key, backends[0].url))
         await eventually(lambda: serves(http, traefik.url("web"), f"{iid}.test", path="/v2/x"))
         await rec.submit([], [Removal(IngressRef(AUTHORITY, iid), 3)])
 
@@ -238,8 +238,3 @@ async def _value(etcd_client: EtcdClient, key: str, expected: str) -> bool:
 
 async def _foreign_reported(reconciler: Reconciler) -> bool:
     return reconciler.status.foreign_keys >= 1
-
-
-async def _value_is(client: EtcdClient, key: str, value: str) -> bool:
-    kv = await client.get(key)
-    return kv is not None and kv.value == value

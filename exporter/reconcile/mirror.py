@@ -107,11 +107,11 @@ class Mirror:
         return ref
 
     async def refresh(self, units: Iterable[UnitPlan]) -> None:
-        """Re-read what conflicted units guard, adopting any record a peer wrote meanwhile."""
+        """Re-read what conflicted units guard (each object whole), adopting any record a peer wrote meanwhile."""
         for unit in units:
             for compare in unit.compares:
-                if compare.prefix:
-                    continue
+                if compare.prefix or any(compare.key.startswith(obj + "/") for obj in unit.objects):
+                    continue  # read with its object below
                 found = await self._etcd.get(compare.key)
                 value = found.value if found else None
                 self._observed.set(compare.key, value, found.mod_revision if found else 0)
