@@ -10,11 +10,15 @@
    a beacon: what the exporter would write for it alone), with the CPU seconds of the daemon,
    etcd and the clients in each. The two sides take turns, one revision of every ingress at a
    time, so the machine's drift hits both alike. Target: >= 1.0x the bare writer.
+   `--only floor`: the same runs, alternated, with the exporter replaced by bench/floor_server.py,
+   a server that batches pushes alike and does only part of the exporter's work (only parsing
+   the body; validating it into its record; also rendering and diffing it): what the 50 clients
+   could reach on this machine if the rest of the exporter cost nothing.
 3. Push-to-served: 1,000 new ingresses pushed by 10 closed-loop clients, one per request and 100
    per request, until Traefik routes all (targets 3 s and 1.5 s), with the etcd revisions used and
    the CPU seconds of Traefik and of the daemon in the same run.
 
-Usage: .venv/bin/python bench/push_api.py [--ingresses 10000] [--runs 3]
+Usage: .venv/bin/python bench/push_api.py [--ingresses 10000] [--runs 3] [--only latency|throughput|floor|served]
 """
 
 from __future__ import annotations
@@ -52,6 +56,7 @@ from bench.common import (
     upsert,
     wait_up,
 )
+from bench.floor_server import WORK
 from exporter.embedded import free_port, start_traefik
 from exporter.etcd.client import EtcdClient
 from exporter.etcd.types import Op, txn_body
@@ -115,6 +120,18 @@ async def relay_round_trips(etcd_url: str, samples: int) -> list[float]:
 
 
 T = TypeVar("T")
+Server = Callable[[str, Path], tuple["subprocess.Popen[bytes]", str, str]]
+
+
+def floor_server(work: str) -> Server:
+    """Starts bench/floor_server.py doing `work` (like `start_daemon`: the process, its push API URL, no control URL)."""
+
+    def start(etcd_url: str, _tmp: Path) -> tuple[subprocess.Popen[bytes], str, str]:
+        listen = f"127.0.0.1:{free_port()}"
+        root = Path(__file__).resolve().parent.parent
+        return subprocess.Popen([sys.executable, "-m", "bench.floor_server", etcd_url, listen, work], cwd=root), f"http://{listen}", ""
+
+    return start
 
 
 @dataclass
@@ -126,6 +143,7 @@ class Throughput:
     etcd_cpu: float
     clients_cpu: float
     p99: float
+    requests: int
 
 
 def _changes(in_place: int, per_ingress: int) -> list[list[Record]]:
@@ -172,11 +190,15 @@ class _Tally:
 
     def result(self) -> Throughput:
         """The side's figures over all its slices."""
-        return Throughput(self.requests / self.seconds, self.daemon_cpu, self.etcd_cpu, self.clients_cpu, pct(self.latencies, 0.99))
+        return Throughput(
+            self.requests / self.seconds, self.daemon_cpu, self.etcd_cpu, self.clients_cpu, pct(self.latencies, 0.99), self.requests
+        )
 
 
-async def throughput(in_place: int = 1000, slices: int = 6, clients: int = 50) -> tuple[Throughput, Throughput]:
-    """The exporter and the bare writer from the same `clients` clients, in interleaved slices.
+async def throughput(
+    in_place: int = 1000, slices: int = 6, clients: int = 50, server: Server = start_daemon
+) -> tuple[Throughput, Throughput]:
+    """The exporter (or another `server`) and the bare writer from the same `clients` clients, in interleaved slices.
 
     The exporter: single-ingress upserts of ingresses in place. The bare writer: each request
     one txn of that ingress's keys, its record and a beacon, straight to another etcd holding
@@ -194,7 +216,7 @@ async def throughput(in_place: int = 1000, slices: int = 6, clients: int = 50) -
     ]
     ours, bare = _Tally(), _Tally()
     with fresh_etcd() as etcd, fresh_etcd() as bare_etcd, tempfile.TemporaryDirectory() as tmp:
-        proc, base, _control = start_daemon(etcd.url, Path(tmp))
+        proc, base, _control = server(etcd.url, Path(tmp))
         try:
             await raw_write(bare_etcd.url, exporter_keys(make_records(in_place)), 8)
             async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=clients)) as session, \
@@ -218,6 +240,24 @@ async def throughput(in_place: int = 1000, slices: int = 6, clients: int = 50) -
         finally:
             proc.terminate()
             proc.wait(30)
+
+
+async def floor(runs: int) -> None:
+    """The exporter and each floor server against the bare writer, alternated within each run; medians."""
+    servers: dict[str, Server] = {"exporter": start_daemon, **{work: floor_server(work) for work in WORK}}
+    measured: dict[str, list[tuple[Throughput, Throughput]]] = {name: [] for name in servers}
+    for _ in range(runs):
+        for name, server in servers.items():
+            ours, bare = await throughput(server=server)
+            measured[name].append((ours, bare))
+            print(f"  run: {name} {ours.rate:.0f}/s, bare {bare.rate:.0f}/s: {ours.rate / bare.rate:.2f}x", flush=True)
+    print("50 clients, one ingress per request, 1,000 in place; per request: the server's CPU, etcd's")
+    for name, pairs in measured.items():
+        ratios = [o.rate / b.rate for o, b in pairs]
+        print(f"  {name:9s} {median([o.rate for o, _ in pairs]):5.0f}/s against bare {median([b.rate for _, b in pairs]):5.0f}/s: "
+              f"{median(ratios):.2f}x (runs {', '.join(f'{r:.2f}' for r in ratios)}); CPU "
+              f"{median([o.daemon_cpu / o.requests for o, _ in pairs]) * 1e6:.0f} us, etcd "
+              f"{median([o.etcd_cpu / o.requests for o, _ in pairs]) * 1e6:.0f} us")
 
 
 def cpu_seconds(pid: int) -> float:
@@ -274,7 +314,7 @@ async def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--ingresses", type=int, default=10_000)
     parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--only", choices=["latency", "throughput", "served"], help="run one part only")
+    parser.add_argument("--only", choices=["latency", "throughput", "floor", "served"], help="run one part only")
     args = parser.parse_args()
 
     for in_place in (10, args.ingresses) if args.only in (None, "latency") else ():
@@ -297,6 +337,9 @@ async def main() -> None:
         print(f"50 concurrent clients, one ingress per request, 1,000 in place: exporter {median([o.rate for o, _ in pairs]):.0f} "
               f"upserts/s, bare one-ingress txns {median([b.rate for _, b in pairs]):.0f}/s: {median(ratios):.2f}x "
               f"(target >= 1.0, each run >= 0.8: min {min(ratios):.2f}); exporter p99 {median([o.p99 for o, _ in pairs]) * 1000:.0f} ms")
+
+    if args.only == "floor":
+        await floor(args.runs)
 
     for per_request, target in ((1, 3.0), (100, 1.5)) if args.only in (None, "served") else ():
         runs = [await push_to_served(per_request=per_request) for _ in range(args.runs)]

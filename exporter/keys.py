@@ -32,6 +32,8 @@ _KINDS = frozenset({"http", "tcp", "udp"})
 # An authority used verbatim in object names: a lowercase DNS label, not all digits.
 _VERBATIM_RE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?\Z")
 _HASH_CHARS = 16
+# Authorities whose object label is kept (a label is recomputed, identically, past this many).
+_LABELS_KEPT = 65_536
 
 
 def derived_label(authority: str) -> str:
@@ -98,6 +100,8 @@ class KeyLayout:
     _root_depth: int = field(init=False)
     # Derived labels met so far -> their authority (an object name is resolved back through it).
     _derived: dict[str, str] = field(init=False, default_factory=dict, compare=False, repr=False)
+    # Authority -> its label: asked for several times per ingress planned, from few authorities.
+    _labels: dict[str, str] = field(init=False, default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         records = self.records_prefix.rstrip("/")
@@ -132,9 +136,14 @@ class KeyLayout:
 
     def object_label(self, authority: str) -> str:
         """The label that stands for `authority` in object names (the authority itself when it is a DNS label)."""
+        label = self._labels.get(authority)
+        if label is not None:
+            return label
         label = authority if _VERBATIM_RE.match(authority) and not authority.isdigit() else derived_label(authority)
         if _looks_derived(label):
             self._derived[label] = authority
+        if len(self._labels) < _LABELS_KEPT:
+            self._labels[authority] = label
         return label
 
     def object_key(self, ref: IngressRef) -> tuple[str, str]:

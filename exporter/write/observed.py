@@ -152,13 +152,14 @@ class Observed:
     def objects_of(self, ref: IngressRef) -> dict[str, dict[str, tuple[str, int]]]:
         """The observed objects under the ingress's root named for it, with their keys."""
         out: dict[str, dict[str, tuple[str, int]]] = {}
-        lead: str | None = None
+        lead = "\0"  # no key starts with it
         keys: dict[str, tuple[str, int]] = {}
+        values, mods = self._values, self._mods
         for key in self._keys_of(ref):
-            if lead is None or not key.startswith(lead):  # the first key of the next object
+            if not key.startswith(lead):  # the first key of the next object
                 obj = cast(str, self.layout.object_of(key))  # an indexed key is in an object
                 lead, keys = obj + "/", out.setdefault(obj, {})
-            keys[key] = (self._values[key], self._mods[key])
+            keys[key] = (values[key], mods[key])
         return out
 
     def newest_mod(self, ref: IngressRef) -> int:
