@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from ..errors import EtcdError, EtcdUnavailable, ExporterError, StaleRevisionError
@@ -59,6 +59,7 @@ class Intents:
         self._queue: list[Intent] = []
         self._pending: dict[IngressRef, Record] = {}
         self._groups = itertools.count()
+        self._queued_groups = 0  # requests with intents in the queue (each stages its intents at once)
         self.queued_at = 0.0
 
     def desired(self, ref: IngressRef) -> Record | None:
@@ -82,12 +83,13 @@ class Intents:
         if not self._queue:
             self.queued_at = time.monotonic()
         self._queue.extend(intents)
+        self._queued_groups += bool(intents)
         return intents
 
     @property
     def queued_requests(self) -> int:
         """How many requests are queued."""
-        return len({i.group for i in self._queue})
+        return self._queued_groups
 
     def queued_refs(self) -> set[IngressRef]:
         """The ingresses queued requests change."""
@@ -96,6 +98,7 @@ class Intents:
     def take(self) -> list[Intent]:
         """Every queued intent, in request order; the queue is empty afterwards."""
         intents, self._queue = self._queue, []
+        self._queued_groups = 0
         return intents
 
     @staticmethod
@@ -139,8 +142,11 @@ class Intents:
             del self._pending[intent.ref]
 
 
-async def answered(intents: Iterable[Intent]) -> None:
+async def answered(intents: Sequence[Intent]) -> None:
     """Wait for every intent of a request; raise the first error any of them got."""
+    if len(intents) == 1:  # the usual push: no gathering future
+        await intents[0].future
+        return
     results = await asyncio.gather(*(i.future for i in intents), return_exceptions=True)
     for result in results:
         if isinstance(result, BaseException):
