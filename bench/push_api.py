@@ -251,13 +251,17 @@ async def floor(runs: int) -> None:
             ours, bare = await throughput(server=server)
             measured[name].append((ours, bare))
             print(f"  run: {name} {ours.rate:.0f}/s, bare {bare.rate:.0f}/s: {ours.rate / bare.rate:.2f}x", flush=True)
-    print("50 clients, one ingress per request, 1,000 in place; per request: the server's CPU, etcd's")
+    def us(runs: list[Throughput], cpu: Callable[[Throughput], float]) -> str:
+        return f"{median([cpu(r) / r.requests for r in runs]) * 1e6:.0f}"
+
+    print("50 clients, one ingress per request, 1,000 in place; CPU per request: the server's, etcd's, the clients'")
     for name, pairs in measured.items():
-        ratios = [o.rate / b.rate for o, b in pairs]
-        print(f"  {name:9s} {median([o.rate for o, _ in pairs]):5.0f}/s against bare {median([b.rate for _, b in pairs]):5.0f}/s: "
-              f"{median(ratios):.2f}x (runs {', '.join(f'{r:.2f}' for r in ratios)}); CPU "
-              f"{median([o.daemon_cpu / o.requests for o, _ in pairs]) * 1e6:.0f} us, etcd "
-              f"{median([o.etcd_cpu / o.requests for o, _ in pairs]) * 1e6:.0f} us")
+        ratios, runs = [o.rate / b.rate for o, b in pairs], [o for o, _ in pairs]
+        print(f"  {name:9s} {median([o.rate for o in runs]):5.0f}/s against bare {median([b.rate for _, b in pairs]):5.0f}/s: "
+              f"{median(ratios):.2f}x (runs {', '.join(f'{r:.2f}' for r in ratios)}); CPU {us(runs, lambda r: r.daemon_cpu)} / "
+              f"{us(runs, lambda r: r.etcd_cpu)} / {us(runs, lambda r: r.clients_cpu)} us")
+    bare = [b for pairs in measured.values() for _, b in pairs]
+    print(f"  the bare writer's CPU per request: etcd {us(bare, lambda r: r.etcd_cpu)} us, clients {us(bare, lambda r: r.clients_cpu)} us")
 
 
 def cpu_seconds(pid: int) -> float:
