@@ -256,12 +256,13 @@ async def floor(runs: int) -> None:
 
     print("50 clients, one ingress per request, 1,000 in place; CPU per request: the server's, etcd's, the clients'")
     for name, pairs in measured.items():
-        ratios, runs = [o.rate / b.rate for o, b in pairs], [o for o, _ in pairs]
-        print(f"  {name:9s} {median([o.rate for o in runs]):5.0f}/s against bare {median([b.rate for _, b in pairs]):5.0f}/s: "
-              f"{median(ratios):.2f}x (runs {', '.join(f'{r:.2f}' for r in ratios)}); CPU {us(runs, lambda r: r.daemon_cpu)} / "
-              f"{us(runs, lambda r: r.etcd_cpu)} / {us(runs, lambda r: r.clients_cpu)} us")
-    bare = [b for pairs in measured.values() for _, b in pairs]
-    print(f"  the bare writer's CPU per request: etcd {us(bare, lambda r: r.etcd_cpu)} us, clients {us(bare, lambda r: r.clients_cpu)} us")
+        ratios, served = [o.rate / b.rate for o, b in pairs], [o for o, _ in pairs]
+        print(f"  {name:9s} {median([o.rate for o in served]):5.0f}/s against bare {median([b.rate for _, b in pairs]):5.0f}/s: "
+              f"{median(ratios):.2f}x (runs {', '.join(f'{r:.2f}' for r in ratios)}); CPU {us(served, lambda r: r.daemon_cpu)} / "
+              f"{us(served, lambda r: r.etcd_cpu)} / {us(served, lambda r: r.clients_cpu)} us")
+    bares = [b for pairs in measured.values() for _, b in pairs]
+    print(f"  the bare writer's CPU per request: etcd {us(bares, lambda r: r.etcd_cpu)} us, "
+          f"clients {us(bares, lambda r: r.clients_cpu)} us")
 
 
 def cpu_seconds(pid: int) -> float:
