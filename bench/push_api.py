@@ -9,7 +9,9 @@
    bare one-ingress transactions straight to etcd's gateway (the ingress's keys, its record and
    a beacon: what the exporter would write for it alone), with the CPU seconds of the daemon,
    etcd and the clients in each. The two sides take turns, one revision of every ingress at a
-   time, so the machine's drift hits both alike. Target: >= 1.0x the bare writer.
+   time, so the machine's drift hits both alike. Target: >= 1.0x the bare writer. `--against DIR`
+   adds the daemon of another checkout (a worktree of an earlier commit) to the same slices: a
+   before/after comparison at the same moments, on a machine whose speed moves between runs.
    `--only floor`: the same runs, alternated, with the exporter replaced by bench/floor_server.py,
    a server that batches pushes alike and does only part of the exporter's work (only parsing
    the body; validating it into its record; also rendering and diffing it): what the 50 clients
@@ -18,13 +20,14 @@
    per request, until Traefik routes all (targets 3 s and 1.5 s), with the etcd revisions used and
    the CPU seconds of Traefik and of the daemon in the same run.
 
-Usage: .venv/bin/python bench/push_api.py [--ingresses 10000] [--runs 3] [--only latency|throughput|floor|served]
+Usage: .venv/bin/python bench/push_api.py [--ingresses 10000] [--runs 3] [--only latency|throughput|floor|served] [--against DIR]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import subprocess
 import sys
@@ -195,51 +198,107 @@ class _Tally:
         )
 
 
-async def throughput(
-    in_place: int = 1000, slices: int = 6, clients: int = 50, server: Server = start_daemon
-) -> tuple[Throughput, Throughput]:
-    """The exporter (or another `server`) and the bare writer from the same `clients` clients, in interleaved slices.
-
-    The exporter: single-ingress upserts of ingresses in place. The bare writer: each request
-    one txn of that ingress's keys, its record and a beacon, straight to another etcd holding
-    the same keys. Each slice is one new revision of every ingress in place, sent to one side
-    and then to the other (which side goes first alternates), so that the machine's drift
-    during a run (a shared machine's speed moves by tens of percent within seconds) hits both
-    sides alike and the ratio is a same-moment one.
-    """
-    rounds = _changes(in_place, slices)
+def _bare_bodies(rounds: list[list[Record]]) -> list[list[bytes]]:
+    """Per slice, per ingress: one txn of its keys, its record and a beacon (what the exporter would write for it alone)."""
     layout = KeyLayout(ROOT_KEY, RECORDS)
     beacon = layout.beacon_key(layout.root("bench"))
-    bare_bodies = [
+    return [
         [txn_body([], [Op(k, v) for k, v in [*keys, (beacon, f"bare {n}.{i}")]]) for i, keys in enumerate(ingress_keys(batch))]
         for n, batch in enumerate(rounds)
     ]
-    ours, bare = _Tally(), _Tally()
-    with fresh_etcd() as etcd, fresh_etcd() as bare_etcd, tempfile.TemporaryDirectory() as tmp:
-        proc, base, _control = server(etcd.url, Path(tmp))
-        try:
-            await raw_write(bare_etcd.url, exporter_keys(make_records(in_place)), 8)
-            async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=clients)) as session, \
-                    aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=clients)) as bare_session:
+
+
+async def throughput(
+    in_place: int = 1000, slices: int = 6, clients: int = 50, servers: tuple[Server, ...] = (start_daemon,)
+) -> tuple[list[Throughput], Throughput]:
+    """Each of `servers` (the exporter unless told) and the bare writer from the same `clients` clients, in interleaved slices.
+
+    A server: single-ingress upserts of the ingresses in place, each server on an etcd of its
+    own. The bare writer: each request one txn of that ingress's keys, its record and a
+    beacon, straight to another etcd holding the same keys. Each slice is one new revision of
+    every ingress in place, sent to each side in turn (which side goes first rotates), so
+    that the machine's drift during a run (a shared machine's speed moves by tens of percent
+    within seconds) hits every side alike and the ratios are same-moment ones.
+    """
+    rounds = _changes(in_place, slices)
+    bare_bodies = _bare_bodies(rounds)
+    tallies, bare = [_Tally() for _ in servers], _Tally()
+    with contextlib.ExitStack() as stack:
+        tmp = Path(stack.enter_context(tempfile.TemporaryDirectory()))
+        bare_etcd = stack.enter_context(fresh_etcd())
+        etcds = [stack.enter_context(fresh_etcd()) for _ in servers]
+        started = [_started(stack, server, etcd.url, tmp / str(k)) for k, (server, etcd) in enumerate(zip(servers, etcds, strict=True))]
+        await raw_write(bare_etcd.url, exporter_keys(make_records(in_place)), 8)
+        async with contextlib.AsyncExitStack() as sessions:
+            session = await sessions.enter_async_context(aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=clients)))
+            bare_session = await sessions.enter_async_context(aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=clients)))
+            for _proc, base in started:
                 await wait_up(session, base)
                 await put_in_place(session, base, in_place)
 
-                async def send_bare(body: bytes) -> None:
-                    async with bare_session.post(f"{bare_etcd.url}/v3/kv/txn", data=body) as resp:
-                        resp.raise_for_status()
-                        await resp.read()
+            async def send_bare(body: bytes) -> None:
+                async with bare_session.post(f"{bare_etcd.url}/v3/kv/txn", data=body) as resp:
+                    resp.raise_for_status()
+                    await resp.read()
 
-                for n, batch in enumerate(rounds):
-                    sides = [
-                        ours.slice(clients, batch, lambda r: upsert(session, base, [r]), proc.pid, etcd.proc.pid),
-                        bare.slice(clients, bare_bodies[n], send_bare, None, bare_etcd.proc.pid),
-                    ]
-                    for side in sides if n % 2 == 0 else reversed(sides):
-                        await side
-            return ours.result(), bare.result()
-        finally:
-            proc.terminate()
-            proc.wait(30)
+            for n, batch in enumerate(rounds):
+                sides = [
+                    tally.slice(clients, batch, _pusher(session, base), proc.pid, etcd.proc.pid)
+                    for tally, (proc, base), etcd in zip(tallies, started, etcds, strict=True)
+                ]
+                sides.append(bare.slice(clients, bare_bodies[n], send_bare, None, bare_etcd.proc.pid))
+                first = n % len(sides)
+                for side in sides[first:] + sides[:first]:
+                    await side
+    return [t.result() for t in tallies], bare.result()
+
+
+def _pusher(session: aiohttp.ClientSession, base: str) -> Callable[[Record], Awaitable[None]]:
+    """Sends one upsert of one record to the push API at `base`."""
+
+    async def send(record: Record) -> None:
+        await upsert(session, base, [record])
+
+    return send
+
+
+def _started(stack: contextlib.ExitStack, server: Server, etcd_url: str, work: Path) -> tuple[subprocess.Popen[bytes], str]:
+    """`server` started on `etcd_url` (stopped when `stack` closes): its process and push API URL."""
+    work.mkdir()
+    proc, base, _control = server(etcd_url, work)
+
+    def stop() -> None:
+        proc.terminate()
+        proc.wait(30)
+
+    stack.callback(stop)
+    return proc, base
+
+
+def checkout(path: Path) -> Server:
+    """Starts the daemon from another checkout (its package first on the child's PYTHONPATH)."""
+
+    def start(etcd_url: str, work: Path) -> tuple[subprocess.Popen[bytes], str, str]:
+        return start_daemon(etcd_url, work, PYTHONPATH=str(path.resolve()))
+
+    return start
+
+
+async def report_throughput(runs: int, against: Path | None) -> None:
+    """The exporter (and the daemon of the checkout `against`, in the same slices) against the bare writer: each run, medians."""
+    servers = (start_daemon,) if against is None else (start_daemon, checkout(against))
+    results = [await throughput(servers=servers) for _ in range(runs)]
+    for (ours, *other), bare in results:
+        print(f"  run: exporter {ours.rate:.0f}/s (p99 {ours.p99 * 1000:.0f} ms; CPU daemon {ours.daemon_cpu:.1f}s, etcd "
+              f"{ours.etcd_cpu:.1f}s, clients {ours.clients_cpu:.1f}s), bare {bare.rate:.0f}/s (p99 {bare.p99 * 1000:.0f} ms; "
+              f"CPU etcd {bare.etcd_cpu:.1f}s, clients {bare.clients_cpu:.1f}s): {ours.rate / bare.rate:.2f}x"
+              + "".join(f"; {against}: {o.rate:.0f}/s, {o.rate / bare.rate:.2f}x, daemon CPU {o.daemon_cpu:.1f}s" for o in other))
+    ratios = [ours.rate / bare.rate for (ours, *_), bare in results]
+    print(f"50 concurrent clients, one ingress per request, 1,000 in place: exporter {median([r[0][0].rate for r in results]):.0f} "
+          f"upserts/s, bare one-ingress txns {median([b.rate for _, b in results]):.0f}/s: {median(ratios):.2f}x "
+          f"(target >= 1.0, each run >= 0.8: min {min(ratios):.2f}); exporter p99 {median([r[0][0].p99 for r in results]) * 1000:.0f} ms")
+    if against is not None:
+        print(f"  {against}: {median([o.rate / b.rate for (_, o), b in results]):.2f}x (the same runs)")
 
 
 async def floor(runs: int) -> None:
@@ -248,7 +307,7 @@ async def floor(runs: int) -> None:
     measured: dict[str, list[tuple[Throughput, Throughput]]] = {name: [] for name in servers}
     for _ in range(runs):
         for name, server in servers.items():
-            ours, bare = await throughput(server=server)
+            (ours,), bare = await throughput(servers=(server,))
             measured[name].append((ours, bare))
             print(f"  run: {name} {ours.rate:.0f}/s, bare {bare.rate:.0f}/s: {ours.rate / bare.rate:.2f}x", flush=True)
     def us(runs: list[Throughput], cpu: Callable[[Throughput], float]) -> str:
@@ -320,6 +379,7 @@ async def main() -> None:
     parser.add_argument("--ingresses", type=int, default=10_000)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--only", choices=["latency", "throughput", "floor", "served"], help="run one part only")
+    parser.add_argument("--against", type=Path, help="throughput: also the daemon of this checkout, in the same slices")
     args = parser.parse_args()
 
     for in_place in (10, args.ingresses) if args.only in (None, "latency") else ():
@@ -332,17 +392,8 @@ async def main() -> None:
         print(f"  floor, a relay answering after one bare txn: p50 {relay50 * 1000:.1f} ms, p99 {relay99 * 1000:.1f} ms "
               f"(p99/rtt {relay99 / rtt:.1f}); exporter p99 / relay p99 {p99 / relay99:.1f}")
 
-    pairs = [await throughput() for _ in range(args.runs if args.only in (None, "throughput") else 0)]
-    for ours, bare in pairs:
-        print(f"  run: exporter {ours.rate:.0f}/s (p99 {ours.p99 * 1000:.0f} ms; CPU daemon {ours.daemon_cpu:.1f}s, etcd "
-              f"{ours.etcd_cpu:.1f}s, clients {ours.clients_cpu:.1f}s), bare {bare.rate:.0f}/s (p99 {bare.p99 * 1000:.0f} ms; "
-              f"CPU etcd {bare.etcd_cpu:.1f}s, clients {bare.clients_cpu:.1f}s): {ours.rate / bare.rate:.2f}x")
-    if pairs:
-        ratios = [ours.rate / bare.rate for ours, bare in pairs]
-        print(f"50 concurrent clients, one ingress per request, 1,000 in place: exporter {median([o.rate for o, _ in pairs]):.0f} "
-              f"upserts/s, bare one-ingress txns {median([b.rate for _, b in pairs]):.0f}/s: {median(ratios):.2f}x "
-              f"(target >= 1.0, each run >= 0.8: min {min(ratios):.2f}); exporter p99 {median([o.p99 for o, _ in pairs]) * 1000:.0f} ms")
-
+    if args.only in (None, "throughput"):
+        await report_throughput(args.runs, args.against)
     if args.only == "floor":
         await floor(args.runs)
 
