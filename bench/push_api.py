@@ -123,7 +123,7 @@ async def relay_round_trips(etcd_url: str, samples: int) -> list[float]:
 
 
 T = TypeVar("T")
-Server = Callable[[str, Path], tuple["subprocess.Popen[bytes]", str, str]]
+Server = Callable[[str, Path], tuple[subprocess.Popen[bytes], str, str]]
 
 
 def floor_server(work: str) -> Server:
@@ -310,8 +310,9 @@ async def floor(runs: int) -> None:
             (ours,), bare = await throughput(servers=(server,))
             measured[name].append((ours, bare))
             print(f"  run: {name} {ours.rate:.0f}/s, bare {bare.rate:.0f}/s: {ours.rate / bare.rate:.2f}x", flush=True)
-    def us(runs: list[Throughput], cpu: Callable[[Throughput], float]) -> str:
-        return f"{median([cpu(r) / r.requests for r in runs]) * 1e6:.0f}"
+
+    def us(sides: list[Throughput], cpu: Callable[[Throughput], float]) -> str:
+        return f"{median([cpu(s) / s.requests for s in sides]) * 1e6:.0f}"
 
     print("50 clients, one ingress per request, 1,000 in place; CPU per request: the server's, etcd's, the clients'")
     for name, pairs in measured.items():
