@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from exporter.config import Settings
 from exporter.keys import IngressRef, KeyLayout
 
@@ -75,3 +77,15 @@ def test_roots_that_are_string_prefixes_of_others_are_found() -> None:
     # A segment after the authority ends the overlap (Traefik refuses a rootKey ending in '/').
     layout = KeyLayout("traefik/worker_{authority}/kv")
     assert overlapping_roots(layout.root(a) for a in ("1", "10", "100")) == []
+
+
+def test_object_labels_are_the_same_when_kept_and_past_the_bound(monkeypatch: pytest.MonkeyPatch) -> None:
+    import exporter.keys
+
+    fresh = {a: KeyLayout().object_label(a) for a in ("worker-1", "Worker_1", "worker 2")}
+    monkeypatch.setattr(exporter.keys, "_LABELS_KEPT", 1)  # only the first authority's label is kept
+    layout = KeyLayout()
+    for _ in range(2):
+        assert {a: layout.object_label(a) for a in fresh} == fresh
+    for authority, label in fresh.items():
+        assert layout.owner_of_object(f"r/http/routers/{label}_svc") == IngressRef(authority, "svc")

@@ -615,3 +615,15 @@ async def _keys_seen(rec: Reconciler, revision: int) -> bool:
 async def _tombstone_of(rec: Reconciler, iid: str, revision: int) -> bool:
     stored = rec.store.latest(IngressRef(AUTHORITY, iid))
     return stored is not None and stored.removed and stored.revision == revision
+
+
+async def test_queued_requests_count_each_staged_request_once_until_taken() -> None:
+    from exporter.reconcile.intents import Intents
+
+    intents = Intents(RecordStore())
+    a, b = record(uid("q"), upstream=UP), record(uid("q"), upstream=UP)
+    intents.stage([(a.key, a), (b.key, b)])
+    intents.stage([(a.key, a)])
+    intents.stage([])  # a request that changes nothing queues nothing
+    assert intents.queued_requests == 2
+    assert len(intents.take()) == 3 and intents.queued_requests == 0
