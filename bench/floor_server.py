@@ -43,9 +43,10 @@ _OPS = 127
 _LAYOUT = KeyLayout(ROOT_KEY, RECORDS)
 
 
-def _server_key(ref: IngressRef, index: int) -> str:
-    name = _LAYOUT.object_name(ref)
-    return f"{_LAYOUT.root(ref.authority)}/http/services/{name}/loadBalancer/servers/{index:03d}/url"
+def _server_puts(ref: IngressRef, urls: list[str], record: str) -> list[Op]:
+    """The puts of an ingress whose servers' URLs changed: each URL (the layout the renderer writes) and its record."""
+    service = f"{_LAYOUT.root(ref.authority)}/http/services/{_LAYOUT.object_name(ref)}/loadBalancer/servers"
+    return [*(Op(f"{service}/{i:03d}/url", url) for i, url in enumerate(urls)), Op(_LAYOUT.record_key(ref), record)]
 
 
 @dataclass
@@ -62,22 +63,19 @@ class Floor:
 
     def puts(self, raw: bytes) -> list[Op]:
         """What one request writes, after the work it is given."""
+        ops: list[Op] = []
         if self.work == "parsed":
-            ops = []
             for ingress in orjson.loads(raw)["ingresses"]:
-                ref = IngressRef(ingress["authority"], ingress["id"])
-                ops += [Op(_server_key(ref, i), s["url"]) for i, s in enumerate(ingress["upstream"]["servers"])]
-                ops.append(Op(_LAYOUT.record_key(ref), stored_value(orjson.dumps(ingress).decode(), "api")))
+                urls = [s["url"] for s in ingress["upstream"]["servers"]]
+                value = stored_value(orjson.dumps(ingress).decode(), "api")
+                ops += _server_puts(IngressRef(ingress["authority"], ingress["id"]), urls, value)
             return ops
         records = [Record.of(ingress) for ingress in UpsertRequest.model_validate_json(raw).ingresses]
         if self.work == "validated":
-            ops = []
-            for record in records:
-                servers = record.ingress.upstream.servers  # type: ignore[union-attr]  # the bench's are `servers`
-                ops += [Op(_server_key(record.key, i), s.url) for i, s in enumerate(servers)]
-                ops.append(Op(_LAYOUT.record_key(record.key), record.value))
+            for r in records:
+                servers = r.ingress.upstream.servers  # type: ignore[union-attr]  # the bench's are `servers`
+                ops += _server_puts(r.key, [s.url for s in servers], r.value)
             return ops
-        ops = []
         for record in records:
             kv = self.renderer.render(record.ingress, frozenset(), record.value).kv
             ops += [Op(k, v) for k, v in kv.items() if self.mirror.get(k) != v]

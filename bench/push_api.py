@@ -66,6 +66,8 @@ from exporter.etcd.types import Op, txn_body
 from exporter.keys import KeyLayout
 from exporter.store.records import Record
 
+REPO = Path(__file__).resolve().parent.parent  # the benches run as modules from here
+
 
 @dataclass
 class Latencies:
@@ -98,8 +100,7 @@ async def latency(in_place: int, samples: int = 200) -> Latencies:
 async def relay_round_trips(etcd_url: str, samples: int) -> list[float]:
     """Latencies of pushes through bench/relay.py (a process answering after one bare txn)."""
     port = free_port()
-    root = Path(__file__).resolve().parent.parent
-    relay = subprocess.Popen([sys.executable, "-m", "bench.relay", etcd_url, str(port)], cwd=root)
+    relay = subprocess.Popen([sys.executable, "-m", "bench.relay", etcd_url, str(port)], cwd=REPO)
     url = f"http://127.0.0.1:{port}/push"
     try:
         async with aiohttp.ClientSession() as session:
@@ -131,8 +132,7 @@ def floor_server(work: str) -> Server:
 
     def start(etcd_url: str, _tmp: Path) -> tuple[subprocess.Popen[bytes], str, str]:
         listen = f"127.0.0.1:{free_port()}"
-        root = Path(__file__).resolve().parent.parent
-        return subprocess.Popen([sys.executable, "-m", "bench.floor_server", etcd_url, listen, work], cwd=root), f"http://{listen}", ""
+        return subprocess.Popen([sys.executable, "-m", "bench.floor_server", etcd_url, listen, work], cwd=REPO), f"http://{listen}", ""
 
     return start
 
