@@ -38,6 +38,10 @@ def http_ingress(draw: Any, authority: str = "test") -> dict[str, Any]:
         body["allowed_client_ips"] = draw(st.lists(cidr, min_size=1, max_size=5))
     if draw(st.booleans()):
         body["upstream_tls"] = {"server_name": draw(host), "insecure_skip_verify": draw(st.booleans())}
+        # TLS towards the upstream needs an https:// server to apply to.
+        upstream = body["upstream"]
+        first = upstream["servers" if upstream["kind"] == "servers" else "instances"][0]
+        first["url"] = first["url"].replace("http://", "https://", 1)
     return body
 
 

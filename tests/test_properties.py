@@ -104,12 +104,14 @@ def any_ingress(draw: Any) -> dict[str, Any]:
         body = draw(http_ingress(authority=draw(st.sampled_from(["test", "Worker_1", "edge-2"]))))
         if draw(st.booleans()):
             body["tls"] = draw(st.one_of(st.just(True), st.just(False), st.builds(
-                lambda r, m: {"cert_resolver": r, "domains": [{"main": m, "sans": []}]}, st.sampled_from(["le", None]), host)))
+                lambda r, m: {"cert_resolver": r, "domains": [{"main": m, "sans": []}] if r else []}, st.sampled_from(["le", None]), host)))
         if draw(st.booleans()):
             body["middlewares"] = draw(st.lists(st.sampled_from(["cors@file", "auth@file", "x-y@kubernetes"]), min_size=1, max_size=3,
                                                 unique=True))
         if body.get("allowed_client_ips") and draw(st.booleans()):
-            body["allowed_client_ips_strategy"] = {"depth": draw(st.integers(0, 3)), "excluded_ips": draw(st.lists(cidr, max_size=2))}
+            # Traefik ignores excludedIPs when depth is set: the two are never given together.
+            depth = draw(st.integers(0, 3))
+            body["allowed_client_ips_strategy"] = {"depth": depth, "excluded_ips": [] if depth else draw(st.lists(cidr, max_size=2))}
         if draw(st.booleans()):
             for server in body["upstream"].get("servers", []):
                 server["weight"] = draw(st.floats(0, 10, allow_nan=False).map(lambda w: round(w, 3)))
@@ -125,6 +127,8 @@ def any_ingress(draw: Any) -> dict[str, Any]:
             "upstream": {"servers": [{"url": f"tcp://{ip}:{p}"} for ip, p in servers]}}
     if draw(st.booleans()):
         body["canary"] = {"weight": draw(st.integers(1, 99)), "upstream": {"servers": [{"url": f"tcp://{servers[0][0]}:1"}]}}
+    if draw(st.booleans()):
+        body["allowed_client_ips"] = draw(st.lists(cidr, min_size=1, max_size=3))
     return body
 
 

@@ -266,9 +266,9 @@ def test_edge_fields_write_a_transport_and_middlewares_before_the_users_own(rend
 
 
 def test_a_tls_ingress_keeps_its_transport_name_and_keys_when_timeouts_are_added(renderer: Renderer) -> None:
-    tls = {"server_name": "model.internal"}
-    before = rel(keys(renderer, upstream=UP, upstream_tls=tls))
-    after = rel(keys(renderer, upstream=UP, upstream_tls=tls, timeouts={"idle": 90}))
+    tls, up = {"server_name": "model.internal"}, {"servers": [{"url": "https://10.0.0.5:8443"}]}
+    before = rel(keys(renderer, upstream=up, upstream_tls=tls))
+    after = rel(keys(renderer, upstream=up, upstream_tls=tls, timeouts={"idle": 90}))
     assert {k: v for k, v in after.items() if "forwardingTimeouts" not in k} == before
     assert after["http/serversTransports/test_llama_tls/forwardingTimeouts/idleConnTimeout"] == "90s"
 

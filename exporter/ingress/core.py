@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, SerializerFunctionWrapHandler, StrictBool, field_validator, model_serializer, model_validator
+from pydantic import Field, SerializerFunctionWrapHandler, StrictBool, ValidationInfo, field_validator, model_serializer, model_validator
 
 from ..keys import IngressRef
 from .bounds import MAX_ALLOWED_IPS, MAX_ENTRYPOINTS, MAX_HOSTS, MAX_MIDDLEWARES
@@ -18,7 +18,7 @@ from .health import HealthCheck
 from .routing import IpStrategy, MiddlewareRef
 from .tls import RouterTls, UpstreamTls
 from .upstreams import AiProxyMultiUpstream, Canary, PluginUpstream, ServersUpstream, Upstream, default_kind
-from .values import Authority, Cidr, DnsLabel, EntryPoint, HostName, Strict, UrlPath, drop_unset, shared
+from .values import Authority, Cidr, DnsLabel, EntryPoint, HostName, Strict, UrlPath, admitting, drop_unset, shared
 
 # Fields added after records were first stored: left out of the canonical JSON while unset, so a
 # stored record keeps its exact bytes (no rewrite on upgrade).
@@ -81,13 +81,15 @@ class Ingress(Strict):
         return value
 
     @model_validator(mode="after")
-    def _protocol_rules(self) -> Ingress:
+    def _protocol_rules(self, info: ValidationInfo) -> Ingress:
         if self.protocol == "http":
             if not self.hosts:
                 raise ValueError("hosts: an http ingress needs at least one host")
             for server in _servers_of(self):
                 if not server.startswith(("http://", "https://")):
                     raise ValueError(f"upstream: http ingress server {server!r} needs an http(s) URL")
+            if self.upstream_tls is not None and admitting(info) and not any(u.startswith("https://") for u in _servers_of(self)):
+                raise ValueError("upstream_tls: no server is https://; TLS towards the upstream applies only to https:// servers")
         else:
             if self.path_prefix != "/":
                 raise ValueError("path_prefix: a tcp ingress cannot route by path")
@@ -102,6 +104,11 @@ class Ingress(Strict):
             for name in ("upstream_tls", "tls", "middlewares", *_EDGE):
                 if getattr(self, name) is not None:
                     raise ValueError(f"{name}: not supported for tcp ingresses")
+            if admitting(info):
+                _tcp_refusals(self)
+        # Traefik reads a router's tls.domains only in its certificate resolvers (ACME, Tailscale).
+        if isinstance(self.tls, RouterTls) and self.tls.domains and self.tls.cert_resolver is None and admitting(info):
+            raise ValueError("tls.domains: only a cert_resolver reads them; set tls.cert_resolver or leave domains out")
         if self.allowed_client_ips_strategy is not None and self.allowed_client_ips is None:
             raise ValueError("allowed_client_ips_strategy: needs allowed_client_ips")
         if len(set(self.hosts)) != len(self.hosts):
@@ -119,6 +126,20 @@ class Ingress(Strict):
     def ca_file(self) -> str | None:
         """The upstream CA file it names (`upstream_tls.ca_file`), if any."""
         return self.upstream_tls.ca_file if self.upstream_tls is not None else None
+
+
+def _tcp_refusals(ingress: Ingress) -> None:
+    """What a tcp ingress cannot enforce, refused on new input (records stored before still load)."""
+    if ingress.allowed_client_ips_strategy is not None:
+        raise ValueError(
+            "allowed_client_ips_strategy: not supported for tcp ingresses (Traefik matches a tcp client "
+            "by its connection's address; there is no X-Forwarded-For to choose from)"
+        )
+    check = ingress.health_check
+    # A tcp server is checked by a TCP connect: no request path, no status code.
+    for name in ("path", "expected_status_code"):
+        if getattr(check, name) != getattr(_DEFAULT_CHECK, name):
+            raise ValueError(f"health_check.{name}: a tcp ingress is checked by a TCP connect; leave {name} at its default")
 
 
 def _servers_of(ingress: Ingress) -> list[str]:

@@ -5,10 +5,10 @@ from __future__ import annotations
 import re
 from typing import Annotated
 
-from pydantic import AfterValidator, Field, StrictStr
+from pydantic import AfterValidator, Field, StrictStr, ValidationInfo, model_validator
 
 from .bounds import MAX_ALLOWED_IPS
-from .values import Cidr, Strict
+from .values import Cidr, Strict, admitting
 
 _MIDDLEWARE_REF_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,127}@[a-z0-9-]{1,63}\Z")
 
@@ -29,3 +29,10 @@ class IpStrategy(Strict):
 
     depth: int = Field(default=0, ge=0, le=64)
     excluded_ips: list[Cidr] = Field(default_factory=list, max_length=MAX_ALLOWED_IPS)
+
+    @model_validator(mode="after")
+    def _one_of(self, info: ValidationInfo) -> IpStrategy:
+        # Traefik's ipStrategy takes `depth` whenever it is above 0 and then ignores `excludedIPs`.
+        if self.depth > 0 and self.excluded_ips and admitting(info):
+            raise ValueError("give depth or excluded_ips, not both: with depth set, Traefik ignores excluded_ips")
+        return self

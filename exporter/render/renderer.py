@@ -252,7 +252,8 @@ class Renderer:
         context = {
             # The fast path reads three fields; a whole JSON dump is for templates.
             "ingress": _fast_fields(ingress) if fast else ingress.model_dump(mode="json"),
-            "middlewares": [*([f"{name}_allow"] if ingress.allowed_client_ips else []), *edge_middlewares, *(ingress.middlewares or [])],
+            "middlewares": [*([f"{name}_allow"] if http and ingress.allowed_client_ips else []), *edge_middlewares,
+                            *(ingress.middlewares or [])],
             "edge_middlewares": edge_middlewares,
             "transport_name": transport_name,
             "transport": transport,
@@ -260,7 +261,7 @@ class Renderer:
             "router_tls": _router_tls(ingress.tls),
             "ip_strategy": _ip_strategy(ingress),
             "name": name,
-            "rule": self._edge.rule(ingress) if http else tcp_rule(ingress.hosts),
+            "rule": self._edge.rule(ingress) if http else tcp_rule(ingress.hosts, ingress.allowed_client_ips),
             "entrypoints": ingress.entrypoints or self._default_entrypoints,
             "primary": primary,
             "canary": canary,

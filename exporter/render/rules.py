@@ -24,8 +24,14 @@ def http_rule(hosts: list[str], path_prefix: str) -> str:
     return rule
 
 
-def tcp_rule(hosts: list[str]) -> str:
-    """`HostSNI(`*`)` without hosts (plain TCP), else an SNI match (TLS passthrough)."""
-    if not hosts:
-        return "HostSNI(`*`)"
-    return " || ".join(f"HostSNI(`{h}`)" for h in hosts)
+def tcp_rule(hosts: list[str], allowed_client_ips: list[str] | None = None) -> str:
+    """`HostSNI(`*`)` without hosts (plain TCP), else an SNI match (TLS passthrough); with an
+    allowlist, `&& ClientIP(`cidr`)` (or-ed per CIDR): Traefik matches it on the connection's
+    address before any router or service takes the connection (docs/key-layout.md)."""
+    rule = " || ".join(f"HostSNI(`{h}`)" for h in hosts) if hosts else "HostSNI(`*`)"
+    if not allowed_client_ips:
+        return rule
+    if len(hosts) > 1:
+        rule = f"({rule})"
+    clients = " || ".join(f"ClientIP(`{cidr}`)" for cidr in allowed_client_ips)
+    return f"{rule} && ({clients})" if len(allowed_client_ips) > 1 else f"{rule} && {clients}"

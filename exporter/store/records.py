@@ -20,6 +20,7 @@ from pydantic import ValidationError
 
 from ..errors import RecordDecodeError
 from ..ingress import Ingress, field_errors
+from ..ingress.values import STORED
 from ..keys import IngressRef
 
 # Told of every committed change of a live record (None: it is gone).
@@ -87,7 +88,7 @@ def decode_record(value: str) -> Record:
     """Parse a stored record value."""
     try:
         data = json.loads(value)
-        ingress = Ingress.model_validate(data["ingress"])
+        ingress = Ingress.model_validate(data["ingress"], context=STORED)
     except ValidationError as exc:
         raise RecordDecodeError(f"stored ingress does not validate: {field_errors(exc)}") from None
     except (ValueError, KeyError, TypeError) as exc:

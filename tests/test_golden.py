@@ -1,0 +1,51 @@
+"""What `render` prints for the example ingresses never changes by accident.
+
+The golden files hold the keys the examples rendered to before tcp allowlists were enforced
+(docs/key-layout.md): every shape the exporter accepts without a tcp allowlist, docs/ingress.md's
+example (its first YAML block) and the compose examples. A deliberate change of the rendered
+keys updates a golden file in the same commit and says why.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from exporter.cli import main
+
+REPO = Path(__file__).resolve().parent.parent
+GOLDEN = Path(__file__).resolve().parent / "golden"
+INPUTS = {
+    "docs-ingress": REPO / "docs" / "ingress.md",
+    "compose-whoami": REPO / "compose" / "ingresses" / "whoami.yaml",
+    "compose-two-fleets": REPO / "compose" / "two-fleets" / "ingresses-batch" / "jobs.yaml",
+    "shapes": GOLDEN / "ingresses.yaml",
+}
+
+
+def ingress_file(name: str, tmp_path: Path) -> Path:
+    """The ingress file of one input: a Markdown document's first YAML block, or the file itself."""
+    source = INPUTS[name]
+    if source.suffix != ".md":
+        return source
+    block = re.search(r"```yaml\n(.*?)```", source.read_text(), re.S)
+    assert block is not None, f"{source} has no YAML block"
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(block.group(1))
+    return path
+
+
+def rendered(name: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> str:
+    """What `traefik-etcd-exporter render` prints for one input."""
+    config = tmp_path / "exporter.yaml"
+    config.write_text('etcd: {endpoints: ["http://127.0.0.1:9"]}\n')
+    capsys.readouterr()
+    assert main(["render", "--config", str(config), str(ingress_file(name, tmp_path))]) == 0
+    return capsys.readouterr().out
+
+
+@pytest.mark.parametrize("name", sorted(INPUTS))
+def test_render_output_is_byte_identical_to_its_golden_file(name: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert rendered(name, tmp_path, capsys) == (GOLDEN / f"{name}.txt").read_text()
