@@ -229,3 +229,90 @@ async def test_allow_list_ip_strategy_depth_reads_x_forwarded_for(
 async def _header(http: aiohttp.ClientSession, web: str, host: str, name: str, value: str) -> bool:
     async with http.get(web, headers={"Host": host}) as resp:
         return resp.status == 200 and resp.headers.get(name) == value
+
+
+class BannerServer:
+    """A TCP backend that greets every connection with a banner and counts the connections it accepted."""
+
+    def __init__(self, ssl_context: ssl.SSLContext | None = None) -> None:
+        self.banner = f"backend-{uid()}\n".encode()
+        self.accepted = 0
+        self._ssl = ssl_context
+        self._server: asyncio.Server | None = None
+
+    async def start(self) -> int:
+        self._server = await asyncio.start_server(self._greet, "127.0.0.1", 0, ssl=self._ssl)
+        return int(self._server.sockets[0].getsockname()[1])
+
+    async def _greet(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.accepted += 1
+        writer.write(self.banner)
+        await writer.drain()
+        await reader.read(1)  # until the client closes
+        writer.close()
+
+    def close(self) -> None:
+        if self._server is not None:
+            self._server.close()
+
+
+async def _bytes_until_closed(port: int, source: str, ssl_context: ssl.SSLContext | None = None, sni: str | None = None) -> bytes:
+    """What a client from `source` that speaks first receives before Traefik or the backend closes the connection."""
+    try:
+        reader, writer = await asyncio.open_connection(
+            "127.0.0.1", port, local_addr=(source, 0), ssl=ssl_context, server_hostname=sni if ssl_context else None
+        )
+    except (ConnectionError, ssl.SSLError):
+        return b""
+    try:
+        # An HTTP/1.0 request: on a tcp-only entrypoint Traefik hands a connection no tcp router
+        # matched to its HTTP handler, which answers it (404) and closes (docs/key-layout.md).
+        writer.write(b"GET / HTTP/1.0\r\n\r\n")
+        await writer.drain()
+        return await asyncio.wait_for(reader.read(), 10)
+    except (ConnectionError, ssl.SSLError):
+        return b""
+    finally:
+        writer.close()
+
+
+async def test_a_tcp_allowlist_admits_only_its_clients(
+    ingresses: Ingresses, traefik: EmbeddedTraefik, http: aiohttp.ClientSession
+) -> None:
+    backend = BannerServer()
+    port = await backend.start()
+    iid = uid()
+    try:
+        # A client from 127.0.0.1 is inside the list, one from 127.0.0.2 (loopback too) outside it.
+        await ingresses.upsert(record(iid, protocol="tcp", hosts=[], entrypoints=["tcp"], allowed_client_ips=["127.0.0.1/32"],
+                                      upstream={"servers": [{"url": f"tcp://127.0.0.1:{port}"}]}))
+        await eventually(lambda: router_enabled(http, traefik.api, name_of(iid), "tcp/routers"))
+        outside = await _bytes_until_closed(traefik.entrypoints["tcp"], "127.0.0.2")
+        assert backend.banner not in outside, outside
+        assert await _bytes_until_closed(traefik.entrypoints["tcp"], "127.0.0.1") == backend.banner
+        # The outsider's connection was closed before Traefik dialled the backend: the one
+        # connection the backend ever accepted is the insider's, made after it.
+        assert backend.accepted == 1
+    finally:
+        backend.close()
+
+
+async def test_a_tcp_allowlist_with_hosts_routes_tls_passthrough_by_sni_for_its_clients_only(
+    ingresses: Ingresses, traefik: EmbeddedTraefik, http: aiohttp.ClientSession, tmp_path: Path
+) -> None:
+    iid = uid()
+    ca_pem, context = tls_backend_context(tmp_path, f"{iid}.test")
+    backend = BannerServer(context)
+    port = await backend.start()
+    client = ssl.create_default_context(cadata=ca_pem)
+    try:
+        await ingresses.upsert(record(iid, protocol="tcp", hosts=[f"{iid}.test", f"www.{iid}.test"], entrypoints=["tcp"],
+                                      allowed_client_ips=["127.0.0.1/32", "10.0.0.0/8"],
+                                      upstream={"servers": [{"url": f"tcp://127.0.0.1:{port}"}]}))
+        await eventually(lambda: router_enabled(http, traefik.api, name_of(iid), "tcp/routers"))
+        # TLS passes through Traefik: the backend's own certificate, verified by the client, under the SNI name.
+        assert await _bytes_until_closed(traefik.entrypoints["tcp"], "127.0.0.1", client, f"{iid}.test") == backend.banner
+        assert await _bytes_until_closed(traefik.entrypoints["tcp"], "127.0.0.2", client, f"{iid}.test") == b""
+        assert backend.accepted == 1
+    finally:
+        backend.close()
