@@ -41,14 +41,19 @@ def etcd(workdir: Path) -> Iterator[EmbeddedEtcd]:
     server.stop()
 
 
-# A middleware defined by Traefik's file provider, which ingresses may reference (`from-file@file`).
-FILE_MIDDLEWARES = """\
+# What Traefik's file provider defines for ingresses to reference: a middleware (`from-file@file`)
+# and TLS options (`tls13@file`).
+FILE_PROVIDED = """\
 http:
   middlewares:
     from-file:
       headers:
         customResponseHeaders:
           X-From-File: "yes"
+tls:
+  options:
+    tls13:
+      minVersion: VersionTLS13
 """
 
 
@@ -67,7 +72,7 @@ def traefik(workdir: Path, etcd: EmbeddedEtcd) -> Iterator[EmbeddedTraefik]:
         resp.read()
     dynamic = workdir / "dynamic"
     dynamic.mkdir()
-    (dynamic / "middlewares.yml").write_text(FILE_MIDDLEWARES)
+    (dynamic / "file-provided.yml").write_text(FILE_PROVIDED)
     # Clients behind a load balancer: X-Forwarded-For from loopback is trusted (ipStrategy tests).
     server = start_traefik(
         workdir, etcd.url, ROOT, ["web", "tcp"],
@@ -75,6 +80,10 @@ def traefik(workdir: Path, etcd: EmbeddedEtcd) -> Iterator[EmbeddedTraefik]:
             f"--providers.file.directory={dynamic}", "--entryPoints.web.forwardedHeaders.trustedIPs=127.0.0.1/32",
             # Passive health reads what Traefik logs about each proxied request.
             f"--accessLog.filePath={access_log_of(workdir)}", "--accessLog.format=json",
+            # A certificate resolver whose CA nobody serves: Traefik still asks it for each
+            # router's domains and logs which (tests/test_enforcement_traefik.py).
+            "--certificatesResolvers.le.acme.caServer=https://127.0.0.1:9/directory", "--certificatesResolvers.le.acme.tlsChallenge=true",
+            f"--certificatesResolvers.le.acme.storage={workdir / 'acme.json'}", "--certificatesResolvers.le.acme.email=ops@example.test",
         ],
     )
     yield server
