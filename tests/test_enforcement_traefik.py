@@ -15,7 +15,7 @@ from exporter.embedded import EmbeddedTraefik
 from exporter.etcd.client import EtcdClient
 from tests.conftest import ROOT, Ingresses
 from tests.helpers import AUTHORITY, Backend, eventually, get_via, record, router_enabled, serves, tls_backend_context, uid
-from tests.test_health import FAST, cleanup, ing, push  # noqa: F401  (cleanup is a fixture)
+from tests.test_health import FAST, ing, push
 from tests.test_traefik_features import BannerServer, name_of
 
 pytestmark = pytest.mark.integration
@@ -105,7 +105,7 @@ async def test_insecure_skip_verify_trusts_a_certificate_no_ca_signed(
 
 
 async def test_a_tcp_health_check_ejects_a_server_that_refuses_connections(
-    api_daemon: Daemon, cleanup: list[tuple[str, int]], traefik: EmbeddedTraefik, http: aiohttp.ClientSession,
+    api_daemon: Daemon, traefik: EmbeddedTraefik, http: aiohttp.ClientSession,
     etcd_client: EtcdClient,
 ) -> None:
     live = BannerServer()
@@ -115,7 +115,6 @@ async def test_a_tcp_health_check_ejects_a_server_that_refuses_connections(
     try:
         upstream = {"servers": [{"url": f"tcp://127.0.0.1:{port}"}, {"url": f"tcp://127.0.0.1:{dead.port}"}]}
         await push(http, api_daemon, ing(iid, upstream, FAST, protocol="tcp", hosts=[], entrypoints=["tcp"]))
-        cleanup.append((iid, 1))
 
         async def only_the_live_server() -> bool:
             kvs = (await etcd_client.range_prefix(f"{ROOT}/tcp/services/{AUTHORITY}_{iid}/")).kvs
@@ -128,6 +127,7 @@ async def test_a_tcp_health_check_ejects_a_server_that_refuses_connections(
             assert await asyncio.wait_for(reader.readline(), 10) == live.banner
             writer.close()
     finally:
+        await push(http, api_daemon, {"authority": AUTHORITY, "id": iid, "revision": 1}, path="remove")
         live.close()
 
 
