@@ -287,3 +287,49 @@ def test_an_allowlist_sets_the_rule_and_the_priority_of_its_longest_path(rendere
     assert rule.startswith(f"Host(`llama.test`) && ((({allowed}) && !PathRegexp(`%|;|")
     assert rule.endswith(" || (Path(`/health`) && (Method(`GET`) || Method(`HEAD`))))")
     assert kv["http/routers/test_llama/priority"] == str(100 + len("/v1/chat/completions"))
+
+
+@pytest.mark.parametrize("edge", [
+    {"path_prefix": "/v1", "blocked_segments": ["internal"]},
+    {"profile": "openai", "paths": [{"prefix": "/extra/", "methods": ["GET"]}]},
+])
+def test_router_middlewares_and_transport_render_alike_for_every_upstream_kind(renderer: Renderer, edge: dict[str, object]) -> None:
+    # What an http ingress's router-level and transport fields write does not depend on its
+    # upstream's kind: the real-Traefik proof on `servers` holds for the other kinds too.
+    fields: dict[str, object] = {
+        **edge, "hosts": ["llama.test", "*.models.test"], "entrypoints": ["web", "websecure"], "tls": True,
+        "allowed_client_ips": ["10.0.0.0/8"], "allowed_client_ips_strategy": {"depth": 1}, "middlewares": ["cors@file"],
+        "upstream_tls": {"server_name": "model.internal"}, "timeouts": {"dial": 5}, "keepalive": False,
+        "limits": {"max_body_bytes": 10, "max_in_flight": 2, "rate": {"average": 5}}, "retry": {"attempts": 2},
+    }
+    url = "https://10.0.0.5:8443"
+    upstreams = {
+        "servers": {"kind": "servers", "servers": [{"url": url}]},
+        "ai-proxy-multi": {"kind": "ai-proxy-multi", "instances": [{"name": "a", "url": url}]},
+        "plugin": {"kind": "tcp-connect", "servers": [{"url": url}], "config": {"team": "x"}},
+    }
+    shared: dict[str, dict[str, str]] = {}
+    for kind, upstream in upstreams.items():
+        kv = rel(keys(renderer, upstream=upstream, **fields))
+        shared[kind] = {k: v for k, v in kv.items() if not k.startswith("http/services/")}
+        balancers = {k.rpartition("/loadBalancer/")[0] for k in kv if "/loadBalancer/" in k}
+        assert balancers and all(kv[f"{b}/loadBalancer/serversTransport"] == "test_llama_tls" for b in balancers), kind
+    assert shared["servers"] == shared["ai-proxy-multi"] == shared["plugin"]
+
+
+@pytest.mark.parametrize("upstream", [
+    {"kind": "servers", "servers": [{"url": "http://10.0.0.5:8000", "weight": 3}, {"url": "http://10.0.0.6:8000"}]},
+    {"kind": "ai-proxy-multi", "instances": [{"name": "a", "url": "http://10.0.0.5:8000", "weight": 3}]},
+    {"kind": "tcp-connect", "servers": [{"url": "http://10.0.0.5:8000", "weight": 3}], "config": {"team": "x"}},
+])
+def test_a_canary_group_renders_like_a_primary_of_its_kind_and_a_plugin_group_like_servers(
+    renderer: Renderer, upstream: dict[str, object]
+) -> None:
+    alone = rel(keys(renderer, upstream=upstream))
+    split = rel(keys(renderer, upstream=UP, canary={"weight": 10, "upstream": upstream}))
+    services = {k.replace("test_llama_canary", "test_llama", 1): v.replace("test_llama_canary", "test_llama")
+                for k, v in split.items() if k.startswith("http/services/test_llama_canary")}
+    assert services == {k: v for k, v in alone.items() if k.startswith("http/services/")}
+    if upstream["kind"] == "tcp-connect":
+        as_servers = rel(keys(renderer, upstream={"kind": "servers", "servers": upstream["servers"]}))
+        assert alone == as_servers
