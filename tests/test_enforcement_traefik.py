@@ -134,3 +134,25 @@ async def test_a_tcp_health_check_ejects_a_server_that_refuses_connections(
 async def _answers(http: aiohttp.ClientSession, url: str, host: str, body: str, context: ssl.SSLContext) -> bool:
     # TLS options are chosen by SNI: the request names the host in its handshake too.
     return await get_via(http, url, host, ssl=context, server_hostname=host) == (200, body)
+
+
+async def test_excluded_ips_skip_the_load_balancers_in_x_forwarded_for(
+    ingresses: Ingresses, backends: list[Backend], traefik: EmbeddedTraefik, http: aiohttp.ClientSession
+) -> None:
+    backends.append(await Backend("behind-lb").start())
+    iid = uid()
+    await ingresses.upsert(record(iid, allowed_client_ips=["10.1.2.3/32"], allowed_client_ips_strategy={"excluded_ips": ["192.168.0.0/16"]},
+                                  upstream={"servers": [{"url": backends[0].url}]}))
+    web, host = traefik.url("web"), f"{iid}.test"
+
+    async def status(forwarded: str) -> int:
+        return (await get_via(http, web, host, headers={"Host": host, "X-Forwarded-For": forwarded}))[0]
+
+    # The client is the right-most address that is not a load balancer's.
+    async def served() -> bool:
+        return await status("10.1.2.3, 192.168.0.9") == 200
+
+    assert await eventually(served)
+    assert await status("10.9.9.9, 192.168.0.9") == 403
+    assert await status("10.1.2.3, 192.168.0.9, 172.16.0.1") == 403
+

@@ -233,6 +233,36 @@ async def test_hostile_input_gets_a_clear_400_and_changes_nothing(api: Api, etcd
     assert await revision(etcd_client) == before
 
 
+_TCP = {"protocol": "tcp", "hosts": [], "upstream": {"servers": [{"url": "tcp://127.0.0.1:9"}]}}
+# Accepted once and without effect in Traefik: each refused naming the field (docs/ingress.md).
+NO_EFFECT: list[tuple[str, dict[str, Any], str, str]] = [
+    ("depth with excluded_ips", {"allowed_client_ips": ["10.0.0.0/8"], "allowed_client_ips_strategy": {"depth": 1, "excluded_ips": ["10.9.0.0/16"]}},
+     "allowed_client_ips_strategy", "Traefik ignores excluded_ips"),
+    ("tcp strategy", {**_TCP, "allowed_client_ips": ["10.0.0.0/8"], "allowed_client_ips_strategy": {"depth": 1}},
+     "allowed_client_ips_strategy", "not supported for tcp"),
+    ("tcp health path", {**_TCP, "health_check": {"enable": True, "path": "/ready"}}, "health_check.path", "TCP connect"),
+    ("tcp expected status", {**_TCP, "health_check": {"expected_status_code": 204}}, "health_check.expected_status_code", "TCP connect"),
+    ("tcp weight", {**_TCP, "upstream": {"servers": [{"url": "tcp://127.0.0.1:9", "weight": 2}]}}, "upstream", "cannot weight tcp"),
+    ("tcp plugin kind", {**_TCP, "upstream": {"kind": "tcp-connect", "servers": [{"url": "tcp://127.0.0.1:9"}]}}, "upstream", "kind 'servers'"),
+    ("tcp ai-proxy-multi", {**_TCP, "upstream": {"kind": "ai-proxy-multi", "instances": [{"name": "a", "url": "http://127.0.0.1:9"}]}},
+     "upstream", "kind 'servers'"),
+    ("tcp path_prefix", {**_TCP, "path_prefix": "/x"}, "path_prefix", "route by path"),
+    ("tls domains without a resolver", {"tls": {"domains": [{"main": "a.test"}]}}, "tls.domains", "cert_resolver"),
+    ("upstream_tls without https", {"upstream_tls": {"server_name": "a.test"}}, "upstream_tls", "https://"),
+]
+
+
+@pytest.mark.parametrize(("case", "fields", "field", "reason"), NO_EFFECT, ids=[c for c, *_ in NO_EFFECT])
+async def test_a_field_traefik_would_ignore_is_refused_naming_it_and_changes_nothing(
+    api: Api, etcd_client: EtcdClient, case: str, fields: dict[str, Any], field: str, reason: str
+) -> None:
+    before = await revision(etcd_client)
+    status, answer = await api.call("POST", "/v2/ingress/upsert", {"ingresses": [ing(f"noeffect-{uid()}", **fields)]})
+    assert status == 400, (case, answer)
+    assert any(field in e["loc"] + e["msg"] and reason in e["msg"] for e in answer["data"]["errors"]), answer
+    assert await revision(etcd_client) == before
+
+
 @pytest.mark.parametrize("raw", [b"{not json", _deep(100_000), b'{"ingresses": [' + b"1," * 5000 + b"1]}", b"\xff\xfe"])
 async def test_malformed_and_pathological_json_is_400(api: Api, etcd_client: EtcdClient, raw: bytes) -> None:
     before = await revision(etcd_client)
