@@ -10,12 +10,12 @@ from typing import Any
 import pytest
 from aiohttp import web
 
+from exporter.embedded import free_port
 from exporter.health.checkers import default_check, targets_of
 from exporter.health.kinds import BUILTIN
 from exporter.health.probes import http_probe, tcp_probe
 from exporter.ingress import HealthCheck, Ingress
 from exporter.plugin import Node
-from exporter.embedded import free_port
 
 
 @pytest.fixture

@@ -236,14 +236,16 @@ async def test_hostile_input_gets_a_clear_400_and_changes_nothing(api: Api, etcd
 _TCP = {"protocol": "tcp", "hosts": [], "upstream": {"servers": [{"url": "tcp://127.0.0.1:9"}]}}
 # Accepted once and without effect in Traefik: each refused naming the field (docs/ingress.md).
 NO_EFFECT: list[tuple[str, dict[str, Any], str, str]] = [
-    ("depth with excluded_ips", {"allowed_client_ips": ["10.0.0.0/8"], "allowed_client_ips_strategy": {"depth": 1, "excluded_ips": ["10.9.0.0/16"]}},
+    ("depth with excluded_ips",
+     {"allowed_client_ips": ["10.0.0.0/8"], "allowed_client_ips_strategy": {"depth": 1, "excluded_ips": ["10.9.0.0/16"]}},
      "allowed_client_ips_strategy", "Traefik ignores excluded_ips"),
     ("tcp strategy", {**_TCP, "allowed_client_ips": ["10.0.0.0/8"], "allowed_client_ips_strategy": {"depth": 1}},
      "allowed_client_ips_strategy", "not supported for tcp"),
     ("tcp health path", {**_TCP, "health_check": {"enable": True, "path": "/ready"}}, "health_check.path", "TCP connect"),
     ("tcp expected status", {**_TCP, "health_check": {"expected_status_code": 204}}, "health_check.expected_status_code", "TCP connect"),
     ("tcp weight", {**_TCP, "upstream": {"servers": [{"url": "tcp://127.0.0.1:9", "weight": 2}]}}, "upstream", "cannot weight tcp"),
-    ("tcp plugin kind", {**_TCP, "upstream": {"kind": "tcp-connect", "servers": [{"url": "tcp://127.0.0.1:9"}]}}, "upstream", "kind 'servers'"),
+    ("tcp plugin kind", {**_TCP, "upstream": {"kind": "tcp-connect", "servers": [{"url": "tcp://127.0.0.1:9"}]}},
+     "upstream", "kind 'servers'"),
     ("tcp ai-proxy-multi", {**_TCP, "upstream": {"kind": "ai-proxy-multi", "instances": [{"name": "a", "url": "http://127.0.0.1:9"}]}},
      "upstream", "kind 'servers'"),
     ("tcp path_prefix", {**_TCP, "path_prefix": "/x"}, "path_prefix", "route by path"),
