@@ -249,6 +249,12 @@ NO_EFFECT: list[tuple[str, dict[str, Any], str, str]] = [
     ("tcp ai-proxy-multi", {**_TCP, "upstream": {"kind": "ai-proxy-multi", "instances": [{"name": "a", "url": "http://127.0.0.1:9"}]}},
      "upstream", "kind 'servers'"),
     ("tcp path_prefix", {**_TCP, "path_prefix": "/x"}, "path_prefix", "route by path"),
+    ("tcp canary of another kind", {**_TCP, "canary": {"weight": 10, "upstream": {"kind": "tcp-connect", "servers": [{"url": "tcp://127.0.0.1:9"}]}}},
+     "upstream", "kind 'servers'"),
+    ("tcp upstream_tls", {**_TCP, "upstream_tls": {"server_name": "a.test"}}, "upstream_tls", "not supported for tcp"),
+    ("tcp tls", {**_TCP, "tls": True}, "tls", "not supported for tcp"),
+    ("tcp middlewares", {**_TCP, "middlewares": ["cors@file"]}, "middlewares", "not supported for tcp"),
+    ("tcp edge field", {**_TCP, "keepalive": False}, "keepalive", "not supported for tcp"),
     ("tls domains without a resolver", {"tls": {"domains": [{"main": "a.test"}]}}, "tls.domains", "cert_resolver"),
     ("upstream_tls without https", {"upstream_tls": {"server_name": "a.test"}}, "upstream_tls", "https://"),
 ]
