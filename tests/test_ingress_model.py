@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ipaddress
+import json
 from typing import Any
 
 import pytest
@@ -20,6 +21,7 @@ from exporter.ingress import (
     field_errors,
     parse_upstream_url,
 )
+from exporter.store.records import decode_record
 
 BASE: dict[str, Any] = {
     "authority": "edge",
@@ -279,3 +281,25 @@ def test_equal_sub_models_are_shared_and_each_record_keeps_its_own_bytes() -> No
     whole, fraction = one("e", timeouts={"dial": 1}), one("f", timeouts={"dial": 1.0})
     assert '"dial":1,' in whole.model_dump_json() and '"dial":1.0,' in fraction.model_dump_json()
     assert Ingress.model_validate_json(fraction.model_dump_json()).model_dump_json() == fraction.model_dump_json()
+
+
+_TCP = {"protocol": "tcp", "hosts": [], "upstream": {"kind": "servers", "servers": [{"url": "tcp://10.0.0.5:5432"}]},
+        "allowed_client_ips": ["10.0.0.0/8"]}
+REFUSED_SINCE = [
+    {"allowed_client_ips": ["10.0.0.0/8"], "allowed_client_ips_strategy": {"depth": 1, "excluded_ips": ["10.9.0.0/16"]}},
+    {"tls": {"domains": [{"main": "llama.example.test"}]}},
+    {"upstream_tls": {"server_name": "model.internal"}},
+    {**_TCP, "allowed_client_ips_strategy": {"depth": 1}},
+    {**_TCP, "health_check": {"path": "/ready", "expected_status_code": 204}},
+]
+
+
+@pytest.mark.parametrize("changes", REFUSED_SINCE)
+def test_a_record_stored_with_a_combination_now_refused_still_loads_as_it_was(changes: dict[str, Any]) -> None:
+    with pytest.raises(ValidationError):
+        build(**changes)
+    # What an earlier version stored, read back at start-up: loaded with the combination kept.
+    body = {**BASE, **changes}
+    record = decode_record(json.dumps({"source": "api", "ingress": body}))
+    dumped = record.ingress.model_dump(mode="json", exclude_unset=True)
+    assert {k: dumped[k] for k in changes} == changes

@@ -88,8 +88,6 @@ class Ingress(Strict):
             for server in _servers_of(self):
                 if not server.startswith(("http://", "https://")):
                     raise ValueError(f"upstream: http ingress server {server!r} needs an http(s) URL")
-            if self.upstream_tls is not None and admitting(info) and not any(u.startswith("https://") for u in _servers_of(self)):
-                raise ValueError("upstream_tls: no server is https://; TLS towards the upstream applies only to https:// servers")
         else:
             if self.path_prefix != "/":
                 raise ValueError("path_prefix: a tcp ingress cannot route by path")
@@ -104,11 +102,8 @@ class Ingress(Strict):
             for name in ("upstream_tls", "tls", "middlewares", *_EDGE):
                 if getattr(self, name) is not None:
                     raise ValueError(f"{name}: not supported for tcp ingresses")
-            if admitting(info):
-                _tcp_refusals(self)
-        # Traefik reads a router's tls.domains only in its certificate resolvers (ACME, Tailscale).
-        if isinstance(self.tls, RouterTls) and self.tls.domains and self.tls.cert_resolver is None and admitting(info):
-            raise ValueError("tls.domains: only a cert_resolver reads them; set tls.cert_resolver or leave domains out")
+        if admitting(info):
+            _refuse_what_has_no_effect(self)
         if self.allowed_client_ips_strategy is not None and self.allowed_client_ips is None:
             raise ValueError("allowed_client_ips_strategy: needs allowed_client_ips")
         if len(set(self.hosts)) != len(self.hosts):
@@ -128,17 +123,24 @@ class Ingress(Strict):
         return self.upstream_tls.ca_file if self.upstream_tls is not None else None
 
 
-def _tcp_refusals(ingress: Ingress) -> None:
-    """What a tcp ingress cannot enforce, refused on new input (records stored before still load)."""
+def _refuse_what_has_no_effect(ingress: Ingress) -> None:
+    """Combinations Traefik (or the health engine) would ignore, refused on new input only: a
+    record stored before they were refused still loads and renders as it did."""
+    if ingress.protocol == "http":
+        if ingress.upstream_tls is not None and not any(u.startswith("https://") for u in _servers_of(ingress)):
+            raise ValueError("upstream_tls: no server is https://; TLS towards the upstream applies only to https:// servers")
+        # Traefik reads a router's tls.domains only in its certificate resolvers (ACME, Tailscale).
+        if isinstance(ingress.tls, RouterTls) and ingress.tls.domains and ingress.tls.cert_resolver is None:
+            raise ValueError("tls.domains: only a cert_resolver reads them; set tls.cert_resolver or leave domains out")
+        return
     if ingress.allowed_client_ips_strategy is not None:
         raise ValueError(
             "allowed_client_ips_strategy: not supported for tcp ingresses (Traefik matches a tcp client "
             "by its connection's address; there is no X-Forwarded-For to choose from)"
         )
-    check = ingress.health_check
     # A tcp server is checked by a TCP connect: no request path, no status code.
     for name in ("path", "expected_status_code"):
-        if getattr(check, name) != getattr(_DEFAULT_CHECK, name):
+        if getattr(ingress.health_check, name) != getattr(_DEFAULT_CHECK, name):
             raise ValueError(f"health_check.{name}: a tcp ingress is checked by a TCP connect; leave {name} at its default")
 
 
