@@ -150,7 +150,7 @@ TABLE: dict[str, Row] = {
     "allowed_client_ips_strategy.excluded_ips": router(X + "test_excluded_ips_skip_the_load_balancers_in_x_forwarded_for"),
     "upstream_tls.ca_pem": router(F + "test_upstream_tls_verified_with_the_test_ca"),
     "upstream_tls.server_name": router(F + "test_upstream_tls_verified_with_the_test_ca"),
-    "upstream_tls.insecure_skip_verify": router(X + "test_insecure_skip_verify_trusts_a_certificate_no_ca_signed"),
+    "upstream_tls.insecure_skip_verify": router(F + "test_upstream_tls_verified_with_the_test_ca"),
     "upstream_tls.ca_file": router(E + "test_a_rotated_ca_file_is_trusted_within_2s_without_a_traefik_restart"),
     "tls": router(F + "test_router_tls_true_serves_https_with_the_default_certificate"),
     "tls.cert_resolver": router(X + "test_a_cert_resolver_is_asked_for_the_router_domains"),

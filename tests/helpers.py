@@ -245,3 +245,28 @@ def tls_backend_context(tmp_path: Path, server_name: str) -> tuple[str, ssl.SSLC
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     context.load_cert_chain(cert_path, key_path)
     return ca.public_bytes(serialization.Encoding.PEM).decode(), context
+
+
+class BannerServer:
+    """A TCP backend that greets every connection with a banner and counts the connections it accepted."""
+
+    def __init__(self, ssl_context: ssl.SSLContext | None = None) -> None:
+        self.banner = f"backend-{uid()}\n".encode()
+        self.accepted = 0
+        self._ssl = ssl_context
+        self._server: asyncio.Server | None = None
+
+    async def start(self) -> int:
+        self._server = await asyncio.start_server(self._greet, "127.0.0.1", 0, ssl=self._ssl)
+        return int(self._server.sockets[0].getsockname()[1])
+
+    async def _greet(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.accepted += 1
+        writer.write(self.banner)
+        await writer.drain()
+        await reader.read(1)  # until the client closes
+        writer.close()
+
+    def close(self) -> None:
+        if self._server is not None:
+            self._server.close()

@@ -26,15 +26,12 @@ def _models(annotation: Any) -> list[type[BaseModel]]:
 
 def _has_value(annotation: Any) -> bool:
     """True when the field can hold a value that is not a model (a leaf, or `tls: true`)."""
-    if annotation is type(None):
-        return False
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+    if annotation is type(None) or (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
         return False
     args = typing.get_args(annotation)
-    if typing.get_origin(annotation) in (list, typing.Union, typing.Annotated) or type(annotation).__name__ == "UnionType":
-        parts = args[:1] if typing.get_origin(annotation) is typing.Annotated else args
-        return any(_has_value(a) for a in parts)
-    return True
+    if typing.get_origin(annotation) is typing.Annotated:
+        args = args[:1]
+    return not args or any(_has_value(a) for a in args)
 
 
 def field_paths(model: type[BaseModel], prefix: str = "") -> list[str]:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import ssl
 from collections import Counter
-from pathlib import Path
 
 import aiohttp
 import pytest
@@ -14,9 +13,9 @@ from exporter.daemon import Daemon
 from exporter.embedded import EmbeddedTraefik
 from exporter.etcd.client import EtcdClient
 from tests.conftest import ROOT, Ingresses
-from tests.helpers import AUTHORITY, Backend, eventually, get_via, record, router_enabled, serves, tls_backend_context, uid
+from tests.helpers import AUTHORITY, Backend, BannerServer, eventually, get_via, record, router_enabled, serves, uid
 from tests.test_health import FAST, ing, push
-from tests.test_traefik_features import BannerServer, name_of
+from tests.test_traefik_features import name_of
 
 pytestmark = pytest.mark.integration
 
@@ -87,21 +86,6 @@ async def test_a_cert_resolver_is_asked_for_the_router_domains(
                    for line in traefik.log.read_text(errors="replace").splitlines())
 
     assert await eventually(lambda: asyncio.to_thread(asked))
-
-
-async def test_insecure_skip_verify_trusts_a_certificate_no_ca_signed(
-    ingresses: Ingresses, backends: list[Backend], traefik: EmbeddedTraefik, http: aiohttp.ClientSession, tmp_path: Path
-) -> None:
-    _ca, context = tls_backend_context(tmp_path, "model.internal")
-    backend = await Backend("unverified", ssl_context=context).start()
-    backends.append(backend)
-    skip, verify = uid(), uid()
-    up = {"servers": [{"url": backend.url}]}
-    await ingresses.upsert(record(skip, upstream=up, upstream_tls={"insecure_skip_verify": True}),
-                           record(verify, upstream=up, upstream_tls={"server_name": "model.internal"}))
-    web = traefik.url("web")
-    assert await eventually(lambda: serves(http, web, f"{skip}.test", body="unverified"))
-    assert await eventually(lambda: serves(http, web, f"{verify}.test", status=500))
 
 
 async def test_a_tcp_health_check_ejects_a_server_that_refuses_connections(

@@ -18,6 +18,7 @@ from tests.conftest import ROOT, Ingresses
 from tests.helpers import (
     AUTHORITY,
     Backend,
+    BannerServer,
     eventually,
     get_via,
     record,
@@ -154,17 +155,22 @@ async def test_upstream_tls_verified_with_the_test_ca(
     ca_pem, context = tls_backend_context(tmp_path, "model.internal")
     backend = await Backend("tls-backend", ssl_context=context).start()
     backends.append(backend)
-    good, wrong_name = uid(), uid()
+    good, wrong_name, unknown_ca, skip = uid(), uid(), uid(), uid()
     up = {"servers": [{"url": backend.url}]}
     await ingresses.upsert(
         record(good, upstream=up, upstream_tls={"ca_pem": ca_pem, "server_name": "model.internal"}),
         record(wrong_name, upstream=up, upstream_tls={"ca_pem": ca_pem, "server_name": "other.internal"}),
+        record(unknown_ca, upstream=up, upstream_tls={"server_name": "model.internal"}),
+        record(skip, upstream=up, upstream_tls={"insecure_skip_verify": True}),
     )
     web = traefik.url("web")
     assert await eventually(lambda: _answers(http, web, f"{good}.test", "/", "tls-backend"))
     await router_enabled(http, traefik.api, name_of(good))
-    # The CA is really checked: a name the certificate does not carry fails the handshake.
+    # The CA is really checked: a name the certificate does not carry fails the handshake, and so
+    # does a certificate no trusted CA signed, unless verification is skipped.
     assert await eventually(lambda: serves(http, web, f"{wrong_name}.test", status=500))
+    assert await eventually(lambda: serves(http, web, f"{unknown_ca}.test", status=500))
+    assert await eventually(lambda: serves(http, web, f"{skip}.test", body="tls-backend"))
 
 
 async def _answers(http: aiohttp.ClientSession, web: str, host: str, path: str, body: str | None, **kwargs: Any) -> bool:
@@ -229,31 +235,6 @@ async def test_allow_list_ip_strategy_depth_reads_x_forwarded_for(
 async def _header(http: aiohttp.ClientSession, web: str, host: str, name: str, value: str) -> bool:
     async with http.get(web, headers={"Host": host}) as resp:
         return resp.status == 200 and resp.headers.get(name) == value
-
-
-class BannerServer:
-    """A TCP backend that greets every connection with a banner and counts the connections it accepted."""
-
-    def __init__(self, ssl_context: ssl.SSLContext | None = None) -> None:
-        self.banner = f"backend-{uid()}\n".encode()
-        self.accepted = 0
-        self._ssl = ssl_context
-        self._server: asyncio.Server | None = None
-
-    async def start(self) -> int:
-        self._server = await asyncio.start_server(self._greet, "127.0.0.1", 0, ssl=self._ssl)
-        return int(self._server.sockets[0].getsockname()[1])
-
-    async def _greet(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        self.accepted += 1
-        writer.write(self.banner)
-        await writer.drain()
-        await reader.read(1)  # until the client closes
-        writer.close()
-
-    def close(self) -> None:
-        if self._server is not None:
-            self._server.close()
 
 
 async def _bytes_until_closed(port: int, source: str, ssl_context: ssl.SSLContext | None = None, sni: str | None = None) -> bytes:
