@@ -270,3 +270,18 @@ class BannerServer:
     def close(self) -> None:
         if self._server is not None:
             self._server.close()
+
+
+async def footprint(client: EtcdStore, records_prefix: str, root: str, *ids: str) -> dict[str, int]:
+    """What a daemon writing `records_prefix` could have written: each of its records and each key
+    under `root` named for one of `ids`, with its mod_revision.
+
+    Tests compare this, not etcd's revision, to show that a refused request wrote nothing: the
+    session etcd has other writers (the shared reconciler, leases of stopped daemons expiring).
+    Every accepted ingress commits its record (docs/writer.md), so an unchanged records prefix
+    means nothing was accepted.
+    """
+    records = await client.range_prefix(f"{records_prefix}/")
+    keys = await client.range_prefix(f"{root}/")
+    named = [kv for kv in keys.kvs if any(f"_{i}" in kv.key for i in ids)]
+    return {kv.key: kv.mod_revision for kv in [*records.kvs, *named]}

@@ -19,8 +19,8 @@ from exporter.daemon import Daemon
 from exporter.embedded import EmbeddedEtcd, EmbeddedTraefik, free_port
 from exporter.errors import ValidationFailed
 from exporter.etcd.client import EtcdClient
-from tests.conftest import API_TOKEN, Ingresses, settings_for
-from tests.helpers import AUTHORITY, Backend, eventually, record, serves, tls_backend_context, uid
+from tests.conftest import API_TOKEN, ROOT, Ingresses, settings_for
+from tests.helpers import AUTHORITY, Backend, eventually, footprint, record, serves, tls_backend_context, uid
 
 pytestmark = pytest.mark.integration
 
@@ -367,6 +367,11 @@ async def edge_daemon(etcd: EmbeddedEtcd, traefik: EmbeddedTraefik, tmp_path_fac
     await daemon.stop()
 
 
+async def _written(edge: EdgeDaemon, etcd_client: EtcdClient, *ids: str) -> dict[str, int]:
+    """What the edge daemon could have written (tests/helpers.py `footprint`)."""
+    return await footprint(etcd_client, edge.daemon.settings.records_prefix, ROOT, *ids)
+
+
 async def push(http: aiohttp.ClientSession, edge: EdgeDaemon, path: str, *ingresses: dict[str, Any]) -> tuple[int, Any]:
     headers = {"Authorization": f"Bearer {API_TOKEN}"}
     async with http.post(f"{edge.api}/v2/ingress/{path}", json={"ingresses": list(ingresses)}, headers=headers) as resp:
@@ -424,16 +429,16 @@ async def test_a_rotated_ca_file_is_trusted_within_2s_without_a_traefik_restart(
     assert traefik.proc.pid == traefik_pid and traefik.proc.poll() is None
 
     # An invalid file changes nothing in etcd: the last good CA stays, /readyz says why.
-    before = await etcd_client.revision()
+    before = await _written(edge_daemon, etcd_client, iid)
     _replace(ca_file, "not a certificate\n")
     await eventually(lambda: _reason(http, edge_daemon, f"upstream CA file {ca_file} holds no valid PEM certificate"))
     ca_file.unlink()
     await eventually(lambda: _reason(http, edge_daemon, f"upstream CA file {ca_file} does not exist"))
-    assert await etcd_client.revision() == before
+    assert await _written(edge_daemon, etcd_client, iid) == before
     assert await serves(http, web_url, f"{iid}.test", body="rotated")
     _replace(ca_file, second_ca)
     await eventually(lambda: _reason(http, edge_daemon, None))
-    assert await etcd_client.revision() == before  # the same content: nothing to rewrite
+    assert await _written(edge_daemon, etcd_client, iid) == before  # the same content: nothing to rewrite
     assert (await push(http, edge_daemon, "remove", {"authority": AUTHORITY, "id": iid, "revision": 1}))[0] == 204
 
 
@@ -441,7 +446,7 @@ async def test_bounds_and_ca_files_are_checked_before_anything_is_written(
     edge_daemon: EdgeDaemon, http: aiohttp.ClientSession, etcd_client: EtcdClient
 ) -> None:
     up = {"servers": [{"url": "https://127.0.0.1:9"}]}
-    before = await etcd_client.revision()
+    before = await _written(edge_daemon, etcd_client)
     cases = [
         (_body(uid(), upstream=up, timeouts={"response_header": 7200}), ".timeouts.response_header",
          "7200 is outside upstream.timeouts_bounds [0.1, 3600.0]"),
@@ -456,4 +461,4 @@ async def test_bounds_and_ca_files_are_checked_before_anything_is_written(
         assert status == 400 and answer["type"] == "ValidationFailed", answer
         [error] = answer["data"]["errors"]
         assert error["loc"].endswith(loc) and error["msg"] == msg, error
-    assert await etcd_client.revision() == before
+    assert await _written(edge_daemon, etcd_client) == before

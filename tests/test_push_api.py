@@ -18,11 +18,12 @@ from exporter.embedded import EmbeddedEtcd, EmbeddedTraefik, free_port
 from exporter.etcd.client import EtcdClient
 from exporter.keys import IngressRef
 from exporter.reconcile import Removal
-from tests.conftest import API_MAX_BODY, API_TOKEN, ROOT, settings_for
+from tests.conftest import API_MAX_BODY, API_RECORDS, API_TOKEN, ROOT, settings_for
 from tests.helpers import (
     AUTHORITY,
     Backend,
     eventually,
+    footprint,
     record,
     router_enabled,
     serves,
@@ -103,8 +104,9 @@ async def api(api_daemon: Daemon, http: aiohttp.ClientSession) -> AsyncIterator[
         await client.remove(*leftovers)
 
 
-async def revision(etcd_client: EtcdClient) -> int:
-    return await etcd_client.revision()
+async def written(etcd_client: EtcdClient, *ids: str) -> dict[str, int]:
+    """What a push to the API daemon could have written (tests/helpers.py `footprint`)."""
+    return await footprint(etcd_client, API_RECORDS, ROOT, *ids)
 
 
 async def test_upsert_204_after_commit_then_idempotent_retry(
@@ -118,16 +120,16 @@ async def test_upsert_204_after_commit_then_idempotent_retry(
     kv = await etcd_client.get(f"{ROOT}/http/routers/{AUTHORITY}_{iid}/rule")
     assert kv is not None and kv.value == f"Host(`{iid}.test`)"
     await eventually(lambda: serves(http, traefik.url("web"), f"{iid}.test", body="pushed"))
-    before = await revision(etcd_client)
+    before = await written(etcd_client, iid)
     assert await api.upsert(body) == (204, None)
-    assert await revision(etcd_client) == before
+    assert await written(etcd_client, iid) == before
     assert (await api.stored())[iid] == 1
 
 
 async def test_stale_and_conflicting_revisions_are_409_and_write_nothing(api: Api, etcd_client: EtcdClient) -> None:
     iid = uid()
     assert (await api.upsert(ing(iid, revision=5)))[0] == 204
-    before = await revision(etcd_client)
+    before = await written(etcd_client, iid)
     status, body = await api.upsert(ing(iid, revision=4))
     assert status == 409 and body["type"] == "StaleRevisionError"
     assert body["data"] == {"authority": AUTHORITY, "id": iid, "stored_revision": 5}
@@ -135,7 +137,7 @@ async def test_stale_and_conflicting_revisions_are_409_and_write_nothing(api: Ap
     assert status == 409 and body["data"]["stored_revision"] == 5
     status, body = await api.remove((iid, 3))
     assert status == 409
-    assert await revision(etcd_client) == before
+    assert await written(etcd_client, iid) == before
     assert (await api.upsert(ing(iid, revision=6, path_prefix="/other")))[0] == 204
 
 
@@ -144,10 +146,10 @@ async def test_remove_is_204_and_safe_to_retry_and_unknown_is_a_no_op(api: Api, 
     assert (await api.upsert(ing(iid, revision=2)))[0] == 204
     assert await api.remove((iid, 2)) == (204, None)
     assert await etcd_client.get(f"{ROOT}/http/routers/{AUTHORITY}_{iid}/rule") is None
-    before = await revision(etcd_client)
+    before = await written(etcd_client, iid)
     assert await api.remove((iid, 2)) == (204, None)
     assert await api.remove((uid(), 1)) == (204, None)
-    assert await revision(etcd_client) == before
+    assert await written(etcd_client, iid) == before
     assert iid not in await api.stored()
 
 
@@ -162,12 +164,13 @@ async def test_get_lists_every_ingress_and_filters_by_authority(api: Api) -> Non
 
 @pytest.mark.parametrize("token", [None, "wrong", "", f"{API_TOKEN}x"])
 async def test_401_without_the_right_token_writes_nothing(api: Api, etcd_client: EtcdClient, token: str | None) -> None:
-    before = await revision(etcd_client)
-    status, body = await api.upsert(ing(uid()), token=token)
+    iid = uid()
+    before = await written(etcd_client, iid)
+    status, body = await api.upsert(ing(iid), token=token)
     assert status == 401 and body["type"] == "Unauthorized"
     assert API_TOKEN not in json.dumps(body)
     assert (await api.call("GET", "/v2/ingress", token=token))[0] == 401
-    assert await revision(etcd_client) == before
+    assert await written(etcd_client, iid) == before
 
 
 async def test_401_comes_before_the_body_is_read(api: Api) -> None:
@@ -176,10 +179,10 @@ async def test_401_comes_before_the_body_is_read(api: Api) -> None:
 
 
 async def test_415_for_a_body_that_is_not_json(api: Api, etcd_client: EtcdClient) -> None:
-    before = await revision(etcd_client)
+    before = await written(etcd_client)
     status, body = await api.call("POST", "/v2/ingress/upsert", raw=b"ingresses: []", content_type="application/yaml")
     assert status == 415 and body["type"] == "UnsupportedMediaType"
-    assert await revision(etcd_client) == before
+    assert await written(etcd_client) == before
 
 
 async def test_413_just_over_the_limit_and_accepted_just_under(api: Api, etcd_client: EtcdClient) -> None:
@@ -187,10 +190,10 @@ async def test_413_just_over_the_limit_and_accepted_just_under(api: Api, etcd_cl
     payload = json.dumps({"ingresses": [ing(iid)]}).encode()
     under = payload + b" " * (API_MAX_BODY - len(payload))
     over = under + b" "
-    before = await revision(etcd_client)
+    before = await written(etcd_client, iid)
     status, body = await api.call("POST", "/v2/ingress/upsert", raw=over)
     assert status == 413 and body["type"] == "BodyTooLarge"
-    assert await revision(etcd_client) == before
+    assert await written(etcd_client, iid) == before
     assert (await api.call("POST", "/v2/ingress/upsert", raw=under))[0] == 204
 
 
@@ -225,12 +228,12 @@ HOSTILE: list[tuple[str, Any]] = [
 
 @pytest.mark.parametrize(("case", "body"), HOSTILE, ids=[c for c, _ in HOSTILE])
 async def test_hostile_input_gets_a_clear_400_and_changes_nothing(api: Api, etcd_client: EtcdClient, case: str, body: Any) -> None:
-    before = await revision(etcd_client)
+    before = await written(etcd_client)
     status, answer = await api.call("POST", "/v2/ingress/upsert", body)
     assert status == 400, (case, answer)
     assert answer["type"] == "ValidationFailed"
     assert answer["data"]["errors"] and all(e["msg"] for e in answer["data"]["errors"])
-    assert await revision(etcd_client) == before
+    assert await written(etcd_client) == before
 
 
 _TCP = {"protocol": "tcp", "hosts": [], "upstream": {"servers": [{"url": "tcp://127.0.0.1:9"}]}}
@@ -264,20 +267,21 @@ NO_EFFECT: list[tuple[str, dict[str, Any], str, str]] = [
 async def test_a_field_traefik_would_ignore_is_refused_naming_it_and_changes_nothing(
     api: Api, etcd_client: EtcdClient, case: str, fields: dict[str, Any], field: str, reason: str
 ) -> None:
-    before = await revision(etcd_client)
-    status, answer = await api.call("POST", "/v2/ingress/upsert", {"ingresses": [ing(f"noeffect-{uid()}", **fields)]})
+    iid = f"noeffect-{uid()}"
+    before = await written(etcd_client, iid)
+    status, answer = await api.call("POST", "/v2/ingress/upsert", {"ingresses": [ing(iid, **fields)]})
     assert status == 400, (case, answer)
     assert any(field in e["loc"] + e["msg"] and reason in e["msg"] for e in answer["data"]["errors"]), answer
-    assert await revision(etcd_client) == before
+    assert await written(etcd_client, iid) == before
 
 
 @pytest.mark.parametrize("raw", [b"{not json", _deep(100_000), b'{"ingresses": [' + b"1," * 5000 + b"1]}", b"\xff\xfe"])
 async def test_malformed_and_pathological_json_is_400(api: Api, etcd_client: EtcdClient, raw: bytes) -> None:
-    before = await revision(etcd_client)
+    before = await written(etcd_client)
     status, answer = await api.call("POST", "/v2/ingress/upsert", raw=raw[:API_MAX_BODY])
     assert status == 400, answer
     assert "Traceback" not in json.dumps(answer)
-    assert await revision(etcd_client) == before
+    assert await written(etcd_client) == before
 
 
 async def test_503_when_etcd_is_unreachable_and_nothing_is_written(http: aiohttp.ClientSession) -> None:
@@ -414,11 +418,11 @@ async def test_an_upsert_older_than_a_removal_cannot_resurrect_the_ingress(api: 
     iid = uid()
     assert (await api.upsert(ing(iid, revision=3)))[0] == 204
     assert (await api.remove((iid, 4)))[0] == 204
-    before = await revision(etcd_client)
+    before = await written(etcd_client, iid)
     for stale in (3, 4):
         status, body = await api.upsert(ing(iid, revision=stale))
         assert status == 409 and body["data"]["stored_revision"] == 4
-    assert await revision(etcd_client) == before
+    assert await written(etcd_client, iid) == before
     assert iid not in await api.stored()
     assert await api.remove((iid, 2)) == (204, None)  # already removed: no-op
     assert (await api.upsert(ing(iid, revision=5)))[0] == 204
@@ -460,11 +464,11 @@ async def test_backendai_credentials_reach_the_real_server_and_wrong_ones_write_
     base = f"http://{api_daemon.settings.api.listen}"
     iid = uid()
     body = {"ingresses": [ing(iid)]}
-    before = await revision(etcd_client)
+    before = await written(etcd_client, iid)
     for header in ({"X-BackendAI-Token": "wrong"}, {"Authorization": "Bearer " + jwt.encode({"exp": 1}, JWT_SECRET)}):
         async with http.post(f"{base}/v2/ingress/upsert", json=body, headers=header) as resp:
             assert resp.status == 401 and (await resp.json())["title"] == "missing or wrong credentials"
-    assert await revision(etcd_client) == before
+    assert await written(etcd_client, iid) == before
     async with http.post(f"{base}/v2/ingress/upsert", json=body, headers={"X-BackendAI-Token": API_TOKEN}) as resp:
         assert resp.status == 204, await resp.text()
     token = jwt.encode({"sub": "coordinator", "exp": int(time.time()) + 60}, JWT_SECRET, algorithm="HS256")
