@@ -23,8 +23,8 @@ from exporter.keys import KeyLayout
 from exporter.plan.planner import Planner
 from exporter.render.renderer import Renderer
 from exporter.render.root_keys import generate_certificate
+from exporter.store.observed import Observed
 from exporter.store.records import Record
-from exporter.write.observed import Observed
 
 TOKEN = "bench-token"
 HEADERS = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"}

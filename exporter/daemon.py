@@ -48,12 +48,12 @@ from .render.root_keys import load_certificate
 from .roles import AllOf, AlwaysLeader, LeaderPolicy
 from .sources.api import is_loopback, push_api_app
 from .sources.files import IngressFiles
+from .store.observed import Observed
 from .store.records import RecordStore
 from .supervisor import Supervisor
 from .traefik.api import TraefikApi
 from .traefik.observer import TraefikObserver
 from .traefik.serving import Serving
-from .write.observed import Observed
 
 if TYPE_CHECKING:
     from .discovery import Discovery

@@ -20,9 +20,9 @@ from exporter.embedded import RECOMMENDED_ETCD_FLAGS, EmbeddedEtcd, EmbeddedTrae
 from exporter.etcd.client import EtcdClient
 from exporter.etcd.types import b64
 from exporter.keys import OWNER_KEY, IngressRef
-from exporter.reconcile import Reconciler, Removal
+from exporter.reconcile import Reconciler
 from exporter.render.root_keys import OWNER_VALUE
-from exporter.store.records import Record
+from exporter.store.records import Record, Removal
 from tests.helpers import AUTHORITY, Backend
 
 ROOT = f"traefik/worker_{AUTHORITY}"

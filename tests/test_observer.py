@@ -12,10 +12,10 @@ import pytest
 from exporter.errors import NotServedInTime, TraefikUnreachable
 from exporter.keys import IngressRef, KeyLayout
 from exporter.render.root_keys import beacon_value
+from exporter.store.observed import Observed
 from exporter.store.records import RecordStore
 from exporter.traefik.api import TraefikApi
 from exporter.traefik.observer import TraefikObserver
-from exporter.write.observed import Observed
 from tests.helpers import eventually, record
 
 LAYOUT = KeyLayout()

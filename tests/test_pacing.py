@@ -13,7 +13,8 @@ import pytest
 
 from exporter.etcd.types import Compare
 from exporter.keys import IngressRef
-from exporter.reconcile import Reconciler, Removal
+from exporter.reconcile import Reconciler
+from exporter.store.records import Removal
 from tests.fake_etcd import FakeEtcd
 from tests.helpers import AUTHORITY, eventually, record, uid
 from tests.test_reconcile_fake import LAYOUT, ROOT, UP, Leader, elected_etcd, rule_key

@@ -7,14 +7,15 @@ import pytest
 from exporter.etcd.types import Compare
 from exporter.ingress import Ingress
 from exporter.keys import IngressRef, KeyLayout
+from exporter.plan.diff import plan_ingress
 from exporter.plan.format import format_plan
-from exporter.plan.plan import Change, Plan, UnitPlan, order_changes, plan_ingress
+from exporter.plan.guards import order_changes, with_record
+from exporter.plan.plan import Change, Plan, UnitPlan
 from exporter.plan.planner import Planner
 from exporter.render.renderer import RenderedIngress, Renderer
 from exporter.render.root_keys import DefaultCertificate
+from exporter.store.observed import Observed
 from exporter.store.records import Record, decode_record
-from exporter.write.ledger import with_record
-from exporter.write.observed import Observed
 from exporter.write.packing import pack
 from tests.helpers import record
 
@@ -93,7 +94,7 @@ def test_the_record_compare_alone_guards_once_the_mirror_holds_the_keys_committe
     obs.keys_seen = 7
     assert guards() == [Compare("records/test/llama", "EQUAL", 7)]
     obs.keys_seen = 6
-    obs.own = lambda revision: revision == 7  # our own commit: the mirror took its keys from the reply
+    obs.own.add(7)  # our own commit: the mirror took its keys from the reply
     assert guards() == [Compare("records/test/llama", "EQUAL", 7)]
 
 

@@ -17,7 +17,7 @@ from exporter.daemon import Daemon, build_reconciler
 from exporter.embedded import EmbeddedEtcd, EmbeddedTraefik, free_port
 from exporter.etcd.client import EtcdClient
 from exporter.keys import IngressRef
-from exporter.reconcile import Removal
+from exporter.store.records import Removal
 from tests.conftest import API_MAX_BODY, API_RECORDS, API_TOKEN, ROOT, settings_for
 from tests.helpers import (
     AUTHORITY,

@@ -18,12 +18,12 @@ from exporter.etcd.types import Compare, Op
 from exporter.ingress import Ingress
 from exporter.keys import IngressRef, KeyLayout
 from exporter.plan.planner import Planner
-from exporter.reconcile import Cadence, Collaborators, Reconciler, Removal
+from exporter.reconcile import Cadence, Collaborators, Reconciler
 from exporter.render.renderer import BUILTIN_TEMPLATES, Renderer
 from exporter.render.root_keys import DefaultCertificate
 from exporter.roles import Ejections
 from exporter.sources.api import status_of
-from exporter.store.records import RecordStore, decode_record
+from exporter.store.records import RecordStore, Removal, decode_record
 from tests.fake_etcd import FakeEtcd
 from tests.helpers import AUTHORITY, eventually, record, uid
 

@@ -3,7 +3,17 @@
 from __future__ import annotations
 
 import ast
+import sys
 from pathlib import Path
+
+import pytest
+
+from exporter.etcd.types import Compare
+from exporter.keys import IngressRef
+from exporter.store.records import Removal
+from tests.helpers import AUTHORITY, record, uid
+from tests.test_reconcile_fake import LAYOUT, UP, elected_etcd
+from tests.test_reconcile_fake import running as fake_running
 
 PACKAGE = Path(__file__).resolve().parent.parent / "exporter"
 
@@ -23,19 +33,90 @@ def test_no_class_over_250_lines_and_no_function_over_50() -> None:
     assert too_big == []
 
 
-def _record_compares() -> list[str]:
-    """Where a `Compare` on a record key is built: the first argument names a record."""
-    out = []
-    for path in sorted(PACKAGE.rglob("*.py")):
-        source = path.read_text()
-        for node in ast.walk(ast.parse(source)):
-            if isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", None)) == "Compare" and node.args:
-                first = ast.get_source_segment(source, node.args[0]) or ""
-                if "record" in first.lower():
-                    out.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno}")
-    return out
+async def test_only_the_commit_rule_builds_a_record_compare(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every compare on a record key is built in plan/guards.py: traced where each `Compare` is made
+    while a reconciler writes a whole ingress, a split one, a paced one and a removal (not by names)."""
+    built: set[str] = set()
+    new = Compare.__new__
+
+    def traced(cls: type[Compare], key: str, *args: object, **kwargs: object) -> Compare:
+        if key.startswith(LAYOUT.records_dir):
+            built.add(str(Path(sys._getframe(1).f_code.co_filename).resolve().relative_to(PACKAGE.parent)))
+        return new(cls, key, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Compare, "__new__", traced)
+    etcd = await elected_etcd()
+    etcd.max_txn_ops = 16  # 40 servers: several transactions, each later one guarded by the first
+    applied = {"revision": 0}
+
+    def behind(root: str) -> bool:
+        latest = rec.observed.latest_beacon(root)
+        return latest is not None and latest.revision > applied["revision"]
+
+    async with fake_running(etcd, behind=behind) as rec:
+        whole, split, paced = uid(), uid(), uid()
+        await rec.submit([record(whole, upstream=UP)])
+        applied["revision"] = etcd.revision
+        rec.traefik_checked()
+        await rec.submit([record(split, upstream={"servers": [{"url": f"http://10.0.0.{n}:80"} for n in range(40)]})])
+        await rec.submit([record(paced, upstream=UP)])  # Traefik has not applied the split one: its record commits alone
+        assert rec.keys_pending(IngressRef(AUTHORITY, paced))
+        await rec.submit([], [Removal(IngressRef(AUTHORITY, whole), 1)])
+    assert built == {"exporter/plan/guards.py"}
 
 
-def test_only_the_commit_ledger_builds_a_record_compare() -> None:
-    where = _record_compares()
-    assert where and all(w.startswith("exporter/write/ledger.py:") for w in where), where
+def _imports() -> dict[str, set[str]]:
+    """Each module of the package and the package modules it imports (under TYPE_CHECKING too)."""
+    modules = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+        modules[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+        found = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                base = package.split(".")[: len(package.split(".")) - node.level + 1] if node.level else []
+                target = ".".join([*base, node.module] if node.module else base)
+                found |= {f"{target}.{a.name}" if f"{target}.{a.name}" in modules else target for a in node.names}
+            elif isinstance(node, ast.Import):
+                found |= {a.name for a in node.names}
+        graph[name] = {m for m in found if m in modules and m != name}
+    return graph
+
+
+def test_no_import_cycle_in_the_package() -> None:
+    graph = _imports()
+    done: set[str] = set()
+
+    def cycle_from(name: str, path: list[str]) -> list[str] | None:
+        if name in path:
+            return [*path[path.index(name):], name]
+        if name in done:
+            return None
+        for target in sorted(graph[name]):
+            if found := cycle_from(target, [*path, name]):
+                return found
+        done.add(name)
+        return None
+
+    cycles = [c for name in sorted(graph) if (c := cycle_from(name, []))]
+    assert cycles == []
+
+
+# The data flow of docs/writer.md: a package never imports one after it.
+FLOW = ["store", "plan", "write", "reconcile"]
+
+
+def test_imports_run_one_way_store_plan_write_reconcile_and_sources_hand_over_records() -> None:
+    backwards = []
+    for name, targets in _imports().items():
+        package = name.split(".")[1] if "." in name else ""
+        for target in targets:
+            other = target.split(".")[1] if "." in target else ""
+            if package in FLOW and other in FLOW and FLOW.index(other) > FLOW.index(package):
+                backwards.append(f"{name} -> {target}")
+            if package == "sources" and other == "reconcile":
+                backwards.append(f"{name} -> {target}")
+    assert backwards == []

@@ -14,7 +14,8 @@ from exporter.embedded import EmbeddedEtcd, EmbeddedTraefik
 from exporter.errors import StaleRevisionError
 from exporter.etcd.client import EtcdClient
 from exporter.keys import IngressRef
-from exporter.reconcile import Reconciler, Removal
+from exporter.reconcile import Reconciler
+from exporter.store.records import Removal
 from exporter.write import metrics
 from tests.conftest import ROOT, Ingresses, settings_for
 from tests.helpers import (

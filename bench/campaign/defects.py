@@ -15,14 +15,14 @@ from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 import exporter.leader
-import exporter.plan.plan
+import exporter.plan.guards
 import exporter.reconcile.judge
 import exporter.reconcile.reconciler
 from exporter.cli import main
 from exporter.errors import StaleRevisionError
 from exporter.plan.plan import Change
-from exporter.reconcile import Reconciler, Removal
-from exporter.store.records import Record
+from exporter.reconcile import Reconciler
+from exporter.store.records import Record, Removal
 from exporter.store.revisions import classify_upsert
 
 
@@ -31,7 +31,7 @@ def _patch(owner: object, name: str, value: object) -> None:
 
 
 _submit = Reconciler.submit
-_order = exporter.plan.plan.order_changes
+_order = exporter.plan.guards.order_changes
 _kept: list[bytes] = []
 
 
@@ -79,7 +79,7 @@ def services_before_routers() -> None:
         return [c for c in deletes if "/routers/" not in c.key] + [c for c in ordered if c.new is not None] + \
             [c for c in deletes if "/routers/" in c.key]
 
-    _patch(exporter.plan.plan, "order_changes", reversed_deletes)
+    _patch(exporter.plan.guards, "order_changes", reversed_deletes)
 
 
 def keeps_keys() -> None:
@@ -88,7 +88,7 @@ def keeps_keys() -> None:
     def without_deletes(changes: list[Change]) -> list[Change]:
         return [c for c in _order(changes) if c.new is not None]
 
-    _patch(exporter.plan.plan, "order_changes", without_deletes)
+    _patch(exporter.plan.guards, "order_changes", without_deletes)
 
 
 def every_one_leads() -> None:

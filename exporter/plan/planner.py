@@ -11,9 +11,10 @@ from ..keys import CERT_KEY, KEY_KEY, IngressRef, KeyLayout
 from ..render.renderer import Renderer, RenderKey
 from ..render.root_keys import DefaultCertificate, root_keys
 from ..roles import Ejections, NoEjections
+from ..store.observed import Observed
 from ..store.records import Record
-from ..write.observed import Observed
-from .plan import Plan, UnitPlan, plan_ingress, plan_root
+from .diff import plan_ingress, plan_root
+from .plan import Plan, UnitPlan
 
 _NO_EJECTIONS = NoEjections()
 

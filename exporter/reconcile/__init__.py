@@ -3,6 +3,6 @@ commit (plan and guarded writes), loop (scheduling), wired together by `Reconcil
 
 from .inbox import Inbox
 from .loop import Cadence, Status
-from .reconciler import Collaborators, Reconciler, Removal, TxnLimits
+from .reconciler import Collaborators, Reconciler, TxnLimits
 
-__all__ = ["Cadence", "Collaborators", "Inbox", "Reconciler", "Removal", "Status", "TxnLimits"]
+__all__ = ["Cadence", "Collaborators", "Inbox", "Reconciler", "Status", "TxnLimits"]

@@ -5,9 +5,10 @@ redo) and never answers a request itself. Requests are guarded by their record c
 everything the leader writes on its own (repair, reconcile, health) is fenced by the
 election key too, and a follower writes only what requests ask for.
 
-While a root's Traefik is behind (write/pacer.py) a request commits its records alone and
-the keys of every ingress on that root are held; the leader writes what is held once the
-root is due, all of it together.
+What is written now is decided by the write policies (write/policies.py), applied to every
+plan at one seam: a follower writes only what requests ask for; while a root's Traefik is
+behind (write/pacer.py) a request commits its records alone and the keys of every ingress on
+that root are held, and the leader writes what is held once the root is due, all of it together.
 """
 
 from __future__ import annotations
@@ -24,10 +25,10 @@ from ..plan.format import format_plan
 from ..plan.plan import Plan, UnitPlan
 from ..plan.planner import Planner
 from ..roles import Ejections, LeaderPolicy
+from ..store.observed import Observed
 from ..store.records import Record, RecordStore
 from ..write import metrics
-from ..write.observed import Observed
-from ..write.pacer import Pacer
+from ..write.policies import WritePolicy
 from ..write.writer import ApplyResult, Writer
 from .intents import NOT_WRITTEN, Outcome
 from .judge import Calls, Judge
@@ -70,11 +71,11 @@ class Committer:
         leader: LeaderPolicy,
         ejections: Ejections,
         desired: Callable[[IngressRef], Record | None],
-        pacer: Pacer,
+        policies: Sequence[WritePolicy],
         dry_run: bool = False,
     ) -> None:
         self._planner = planner
-        self._pacer = pacer
+        self._policies = policies
         self._observed = observed
         self._store = store
         self._writer = writer
@@ -136,9 +137,9 @@ class Committer:
     ) -> list[UnitPlan]:
         """Plan and write in chunks, so the next chunk is planned while earlier ones are in flight."""
         applying: list[asyncio.Task[list[UnitPlan]]] = []
-        # Paced to a Traefik, revisions under a root cost more than the latency steps save:
-        # one plan, packed into the fewest transactions.
-        step = max(1, len(refs)) if self._pacer.enabled else _PIPELINE_CHUNK
+        # A policy may ask for one plan, packed into the fewest transactions (pacing: revisions
+        # under a root cost more than the latency steps save).
+        step = max(1, len(refs)) if any(p.whole_batches for p in self._policies) else _PIPELINE_CHUNK
         if len(refs) > step:  # a request may span chunks: the whole batch is judged first, each chunk again at its plan
             refs, _ = self._judge.judge(refs, requested, batch.calls, outcome)
         for start in range(0, len(refs), step):
@@ -174,7 +175,8 @@ class Committer:
         self, plan: Plan, groups: Mapping[IngressRef, int], reasons: Mapping[IngressRef, str], outcome: Outcome
     ) -> list[UnitPlan]:
         """Write `plan`, recording what committed in `outcome`; returns the units that lost a compare."""
-        plan.units = self._paced(self._allowed(plan.units, groups), groups, reasons)
+        for policy in self._policies:
+            plan.units = policy.split(plan.units, groups, reasons).now
         metrics.PLAN_CHANGES.observe(len(plan.changes()))
         planned = {u.owner for u in plan.units}
         # Requested ingresses that need no change are as desired already.
@@ -189,36 +191,6 @@ class Committer:
         result = await self._write(plan.units, groups)
         self._record(result, groups, reasons, outcome)
         return result.conflicted
-
-    def _allowed(self, units: list[UnitPlan], groups: Mapping[IngressRef, int]) -> list[UnitPlan]:
-        if self._leader.is_leader():
-            return units
-        # Followers, and a leader deposed between two conflict retries, write only what requests
-        # ask for (never a leader-only change unfenced); the leader makes the rest.
-        return [u for u in units if u.owner in groups or (u.owner is None and groups)]
-
-    def _paced(self, units: list[UnitPlan], groups: Mapping[IngressRef, int], reasons: Mapping[IngressRef, str]) -> list[UnitPlan]:
-        """The units to write now: on a paced root, records alone (requests) and nothing of the keys (held)."""
-        if not self._pacer.enabled:
-            return units
-        out = []
-        for unit in units:
-            ref = unit.owner
-            if ref is None or not self._pacer.paced(unit.root):
-                out.append(unit)
-                continue
-            record_key = self._observed.layout.record_key(ref)
-            record = [c for c in unit.changes if c.key == record_key]
-            held = len(record) < len(unit.changes)
-            if held:
-                self._pacer.hold(ref, unit.root, "request" if ref in groups else reasons.get(ref, "reconcile"))
-            if record and (ref in groups or not held):
-                # The record alone, guarded by its own compare: nothing under the root changes.
-                out.append(UnitPlan(
-                    name=unit.name, changes=record, compares=[c for c in unit.compares if c.key == record_key], owner=ref,
-                    record=unit.record, removed=unit.removed, keys_held=held,
-                ))
-        return out
 
     async def _write(self, units: list[UnitPlan], groups: Mapping[IngressRef, int]) -> ApplyResult:
         first = min(groups.values(), default=-1)
@@ -243,7 +215,8 @@ class Committer:
     def _record(
         self, result: ApplyResult, groups: Mapping[IngressRef, int], reasons: Mapping[IngressRef, str], outcome: Outcome
     ) -> None:
-        self._pacer.release(u.owner for u in result.committed if u.owner is not None and u.root)
+        for policy in self._policies:
+            policy.committed(result.committed)
         for unit in result.committed:
             if unit.owner is None:
                 continue

@@ -2,8 +2,8 @@
 
 Everything under the roots and the records prefix is mirrored into `Observed` (what plans
 diff against) and the committed records into the `RecordStore`. Watch events of our own
-transactions are recognised by revision without decoding (the commit ledger keeps our
-revisions, and is told of everyone else's commits); events that arrive while our
+transactions are recognised by revision without decoding (store/own.py keeps them; the
+commit ledger is told of everyone else's commits); events that arrive while our
 transactions are in flight wait until they are done. Keys someone else changed flag their
 ingress as drifted (`on_drift`); a watch etcd cancels asks for a re-list (`on_stale`).
 
@@ -29,10 +29,10 @@ from ..etcd.store import EtcdStore
 from ..etcd.types import WatchEvent
 from ..keys import IngressRef, KeyLayout
 from ..plan.plan import UnitPlan
+from ..store.observed import Observed
 from ..store.records import RecordStore, decode_record
 from ..supervisor import Supervisor
 from ..write.ledger import CommitLedger
-from ..write.observed import Observed
 from ..write.writer import Writer
 
 _BACKOFF_MAX = 5.0
@@ -164,7 +164,7 @@ class Mirror:
 
     def _resume_at(self, prefix: str) -> int:
         """Where the watch on `prefix` can resume: past every revision after its position that was our own commit."""
-        return self._ledger.own_run(max(self._positions.get(prefix, 0), self._observed.revision))
+        return self._observed.own.run_after(max(self._positions.get(prefix, 0), self._observed.revision))
 
     def _caught_up(self) -> bool:
         """True when no watch has anything to replay before our newest commit.
@@ -172,7 +172,7 @@ class Mirror:
         A watch still replaying (it resumed where it stopped, or another writer wrote) is left
         to stream: stopping it again would only make etcd send the same events once more.
         """
-        newest = self._ledger.newest_own
+        newest = self._observed.own.newest
         return all(self._resume_at(p) >= newest for p in self._watched())
 
     async def _watch(self, prefix: str) -> None:
@@ -185,7 +185,7 @@ class Mirror:
                     self._on_events(events, roots=prefix == self._layout.roots_prefix)
                     last = max(self._positions.get(prefix, 0), *(e.mod_revision for e in events))
                     self._positions[prefix] = last
-                    self._ledger.forget_until(last)
+                    self._observed.own.forget_until(last)
                     backoff = 0.1
             except WatchCanceled as exc:
                 logger.warning("watch on {} canceled at compacted revision {}: re-listing", prefix, exc.compact_revision)
@@ -220,7 +220,7 @@ class Mirror:
         """
         changed: set[IngressRef] = set()
         for event in events:
-            if event.mod_revision <= self._observed.revision or self._ledger.is_own(event.mod_revision):
+            if event.mod_revision <= self._observed.revision or event.mod_revision in self._observed.own:
                 continue  # already known, or written by us (a txn is one revision)
             ref = self._apply_event(event)
             if ref is not None:

@@ -24,12 +24,13 @@ from ..plan.format import format_plan
 from ..plan.plan import Plan
 from ..plan.planner import Planner
 from ..roles import Admission, AdmitAll, AlwaysLeader, Ejections, LeaderPolicy, NoEjections
-from ..store.records import Record, RecordStore
+from ..store.observed import Observed
+from ..store.records import Record, RecordStore, Removal
 from ..store.revisions import classify_remove, classify_upsert
 from ..supervisor import Supervisor
 from ..write.ledger import CommitLedger
-from ..write.observed import Observed
 from ..write.pacer import Pacer
+from ..write.policies import FollowerRule, PacingRule
 from ..write.writer import Writer
 from .commit import Committer
 from .inbox import Inbox
@@ -71,14 +72,6 @@ class Collaborators:
     behind: Callable[[str], bool] | None = None
 
 
-@dataclass(frozen=True)
-class Removal:
-    """A remove request for one ingress (without a revision: whatever is stored)."""
-
-    ref: IngressRef
-    revision: int | None = None
-
-
 class Reconciler:
     """Owns the desired records, the observed mirror, and every write to etcd."""
 
@@ -115,7 +108,8 @@ class Reconciler:
         )
         committer = Committer(
             planner=planner, observed=self.observed, store=self.store, writer=writer, mirror=self._mirror,
-            leader=leader, ejections=self._ejections, desired=self._intents.desired, pacer=self.pacer, dry_run=dry_run,
+            leader=leader, ejections=self._ejections, desired=self._intents.desired,
+            policies=[FollowerRule(leader), PacingRule(self.pacer)], dry_run=dry_run,
         )
         self._loop = Loop(
             inbox=self._inbox, intents=self._intents, mirror=self._mirror, committer=committer, leader=leader,

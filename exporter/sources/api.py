@@ -31,8 +31,7 @@ from ..errors import (
 )
 from ..ingress import RemoveRequest, UpsertRequest, field_errors
 from ..keys import IngressRef
-from ..reconcile import Removal
-from ..store.records import Record, RecordStore
+from ..store.records import Record, RecordStore, Removal
 from ..traefik.serving import Serving
 from .auth import Authenticator
 from .files import RecordSink

@@ -20,8 +20,7 @@ from watchfiles import awatch
 from ..errors import EtcdUnavailable, ExporterError
 from ..ingress import IngressFile, field_errors
 from ..keys import IngressRef
-from ..reconcile import Removal
-from ..store.records import Record
+from ..store.records import Record, Removal
 
 DEFAULT_MAX_FILE_BYTES = 64 * 1024 * 1024
 # libyaml's parser when PyYAML has it: 10x faster on large files.

@@ -99,6 +99,14 @@ def decode_record(value: str) -> Record:
     return Record(ingress, value if value == canonical else canonical, source, removed, removed_at)
 
 
+@dataclass(frozen=True)
+class Removal:
+    """A remove request for one ingress (without a revision: whatever is stored)."""
+
+    ref: IngressRef
+    revision: int | None = None
+
+
 class RecordStore:
     """The committed records (as they are in etcd), keyed by (authority, id): live ones and tombstones.
 

@@ -29,8 +29,8 @@ from prometheus_client import Gauge, Histogram
 
 from ..errors import NotServedInTime, TraefikUnreachable
 from ..keys import IngressRef, KeyLayout
+from ..store.observed import BeaconWrite, Observed
 from ..store.records import RecordStore
-from ..write.observed import BeaconWrite, Observed
 from .api import TraefikApi
 from .decoder import decoder_problem
 

@@ -4,7 +4,7 @@ Units that fit are packed whole, several to a transaction, within `max_ops` oper
 `max_ops` compares and `max_bytes`; a group of units (one push request) is kept in one
 transaction whenever it fits. A unit too large for one transaction is split into a
 sequence of chunks in its change order: every prefix of that sequence leaves no router
-referencing a missing object (plan.order_changes), and the first chunk carries the record
+referencing a missing object (plan/guards.py), and the first chunk carries the record
 (the commit ledger's rule, write/ledger.py). Every transaction also rewrites the beacon of each root it touches (one more
 operation per root, counted here).
 """

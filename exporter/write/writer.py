@@ -2,8 +2,8 @@
 
 Whole-unit transactions are independent (no ingress references another's objects), so they
 may commit in any order. The chunks of an oversized unit commit strictly in order, each
-guarded as the commit ledger says (its record as the first chunk left it, nothing under it
-changed since the previous chunk). The ledger is told of every committed transaction: it
+guarded as the commit rule says (plan/guards.py: its record as the first chunk left it,
+nothing under it changed since the previous chunk). The ledger is told of every committed transaction: it
 updates the observed mirror, so the next plan starts from what etcd now holds.
 """
 
@@ -19,6 +19,7 @@ from loguru import logger
 from ..errors import EtcdError
 from ..etcd.store import EtcdStore
 from ..etcd.types import Compare, Op
+from ..plan import guards
 from ..plan.plan import Change, UnitPlan
 from ..render.root_keys import beacon_value
 from . import metrics
@@ -51,7 +52,7 @@ class Writer:
     """Commits plans; `fence` compares (leadership) are added to every transaction.
 
     It also answers what the watch needs to tell its own writes from anyone else's, beside
-    the ledger's own revisions: whether a value is being written right now, and when no
+    our own revisions (store/own.py): whether a value is being written right now, and when no
     transaction is in flight.
     """
 
@@ -155,7 +156,7 @@ class Writer:
     async def _commit_chunks(self, chunks: list[Txn], fence: Sequence[Compare], result: ApplyResult) -> None:
         unit = chunks[0].units[0]
         compares = list(unit.compares)
-        record_rev = self.ledger.guarded_revision(unit)
+        record_rev = guards.guarded_revision(unit)
         self.ledger.started(unit, len(chunks))
         try:
             for txn in chunks:
@@ -169,9 +170,9 @@ class Writer:
                 if not ok:
                     result.conflicted.append(unit)
                     return
-                if self.ledger.record_changed(unit, txn.changes):
+                if guards.carries_record(unit, txn.changes):
                     record_rev = revision
-                compares = self.ledger.next_part_guards(unit, record_rev, revision)
+                compares = guards.next_part_guards(unit, record_rev, revision)
             result.committed.append(unit)
         finally:
             self.ledger.ended(unit)

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import time
 from collections import defaultdict, deque
-from collections.abc import Callable, Collection, Iterable, Iterator
+from collections.abc import Collection, Iterable, Iterator
 from dataclasses import dataclass
 from typing import cast
 
 from ..etcd.types import KeyValue
 from ..keys import BEACON_KEY, IngressRef, KeyLayout
+from .own import OwnRevisions
 
 # Beacon values remembered per root: enough to map what a lagging Traefik shows to a revision.
 _BEACON_HISTORY = 4096
@@ -48,9 +49,8 @@ class Observed:
         # Every write under the roots up to this revision is in the mirror (the roots' watch has
         # delivered it, or a full read was taken there); the records' watch may run ahead of it.
         self.keys_seen = 0
-        # Whether a revision is one of our own commits, whose keys the mirror took from the reply
-        # (the commit ledger sets it).
-        self.own: Callable[[int], bool] = lambda _revision: False
+        # Our own commits, whose keys the mirror took from the reply (the commit ledger adds them).
+        self.own = OwnRevisions()
 
     def set(self, key: str, value: str | None, mod_revision: int) -> None:
         """Record a put (value) or delete (None) seen at `mod_revision`."""
@@ -117,7 +117,7 @@ class Observed:
 
     def keys_current(self, revision: int) -> bool:
         """True when the mirror holds every key written under the roots at `revision` (a record's commit)."""
-        return revision <= self.keys_seen or self.own(revision)
+        return revision <= self.keys_seen or revision in self.own
 
     def get(self, key: str) -> tuple[str, int] | None:
         """The observed value and mod_revision of one key (None: not there)."""

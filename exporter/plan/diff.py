@@ -1,0 +1,75 @@
+"""The diff of one ingress (or one root's own keys): desired keys against what etcd holds for it.
+
+Pure functions, no side effects: the planner calls them per ingress, `diff` and `run --dry-run`
+print what they return. Order and guards are the commit rule's (plan/guards.py).
+"""
+
+from __future__ import annotations
+
+from ..etcd.types import Compare
+from ..keys import IngressRef
+from ..store.records import Record
+from . import guards
+from .plan import Change, UnitPlan
+
+
+def plan_ingress(
+    *,
+    owner: IngressRef,
+    desired: dict[str, str] | None,
+    observed_objects: dict[str, dict[str, tuple[str, int]]],
+    desired_objects: tuple[str, ...],
+    record_key: str,
+    desired_record: Record | None,
+    observed_record: tuple[str, int] | None,
+    root: str = "",
+    keys_current: bool = False,
+) -> UnitPlan | None:
+    """Diff one ingress: `desired` keys (None: remove it) against what etcd holds for it.
+
+    `keys_current`: the observed keys include every key committed with the observed record.
+    """
+    want = desired or {}
+    observed_keys = {key: value for keys in observed_objects.values() for key, (value, _mod) in keys.items()}
+    if observed_keys:
+        changes = [Change(key, observed_keys.get(key), value) for key, value in want.items() if observed_keys.get(key) != value]
+        changes += [Change(key, value, None) for key, value in observed_keys.items() if key not in want]
+    else:  # nothing of it in etcd yet (every ingress of a bulk sync)
+        changes = [Change(key, None, value) for key, value in want.items()]
+    record_value = desired_record.value if desired_record is not None else None
+    old_record = observed_record[0] if observed_record else None
+    record = Change(record_key, old_record, record_value) if record_value != old_record else None
+    if not changes and record is None:
+        return None
+    guarded = sorted(set(observed_objects) if observed_record is None else set(observed_objects) | set(desired_objects))
+    return UnitPlan(
+        name=str(owner),
+        changes=guards.with_record(guards.order_changes(changes), record),
+        compares=guards.unit_guards(record_key, observed_record, observed_objects, guarded, keys_current),
+        owner=owner,
+        record_key=record_key,
+        record=desired_record,
+        removed=desired is None,
+        root=root,
+        objects=tuple(guarded),
+    )
+
+
+def plan_root(
+    root: str, desired: dict[str, str], observed: dict[str, tuple[str, int]], keep_existing: frozenset[str]
+) -> UnitPlan | None:
+    """Diff one root's own keys; keys in `keep_existing` (a generated certificate) are only created."""
+    changes = []
+    compares = []
+    for key, value in desired.items():
+        seen = observed.get(key)
+        if seen is None:
+            changes.append(Change(key, None, value))
+        elif seen[0] != value and key not in keep_existing:
+            changes.append(Change(key, seen[0], value))
+        else:
+            continue
+        compares.append(Compare(key, "EQUAL", seen[1] if seen else 0))
+    if not changes:
+        return None
+    return UnitPlan(name=f"root {root}", changes=changes, compares=compares, root=root)

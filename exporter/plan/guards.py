@@ -1,0 +1,117 @@
+"""The commit rule, its pure half: a record commits with, or before, its keys.
+
+Every ingress has a record (outside Traefik's roots) and keys (under its root). This module
+says, for a planned unit, in what order its changes go and what guards each transaction;
+write/ledger.py keeps the stateful half (what committed, parts in flight). Nothing else
+builds a compare on a record key (tests/test_structure.py checks that by what is called).
+
+- order: router deletes, other puts, router puts, other deletes, so that every prefix of the
+  list leaves no router referencing a missing object; the record put first and a record
+  delete last (`with_record`). A unit too large for one transaction is split in that order,
+  so its first part carries the record: after a crash between parts the record says what the
+  ingress must become, and repair finishes it;
+- guards: every transaction of an ingress compares its record's mod_revision, so a stale
+  writer fails and re-plans instead of overwriting newer state (`unit_guards`); a later part
+  compares the record as the first part left it and that nothing under the unit changed since
+  the previous part (`next_part_guards`);
+- pacing: a record may commit alone, its keys later (`record_alone`): it writes nothing under
+  the root, so Traefik has nothing to apply.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from ..etcd.types import Compare
+from .plan import Change, UnitPlan
+
+
+def order_changes(changes: list[Change]) -> list[Change]:
+    """Order key changes so that every prefix of the list leaves no router referencing a missing object.
+
+    Router deletes, other puts, router puts, other deletes (one pass: this runs for every
+    ingress of a bulk sync).
+    """
+    router_del: list[Change] = []
+    other_put: list[Change] = []
+    router_put: list[Change] = []
+    other_del: list[Change] = []
+    for change in changes:
+        if "/routers/" in change.key:
+            (router_del if change.new is None else router_put).append(change)
+        else:
+            (other_del if change.new is None else other_put).append(change)
+    return router_del + other_put + router_put + other_del
+
+
+def with_record(keys: list[Change], record: Change | None) -> list[Change]:
+    """The changes of one ingress in commit order: the record put first, a record delete last."""
+    if record is None:
+        return keys
+    return [*keys, record] if record.new is None else [record, *keys]
+
+
+def record_guard(record_key: str, observed_record: tuple[str, int] | None) -> Compare:
+    """The compare every transaction of an ingress carries: its record is as the plan saw it (0: none)."""
+    return Compare(record_key, "EQUAL", observed_record[1] if observed_record else 0)
+
+
+def unit_guards(
+    record_key: str, observed_record: tuple[str, int] | None,
+    observed_objects: dict[str, dict[str, tuple[str, int]]], guarded: list[str], keys_current: bool,
+) -> list[Compare]:
+    """The compares of one ingress's transaction.
+
+    The record guards against every other exporter: each writes the record with the keys
+    it renders to, so a stale plan fails on it. A range compare per object is added only
+    while the mirror may hold the record but not the keys committed with it: the records and
+    the roots are two watches, so a peer's record can arrive before its keys, and a plan
+    against the older keys would leave the peer's keys beside ours. Once the roots' watch has
+    delivered past the record's commit (or it is our own), the record compare alone guards
+    the ingress. etcd reads every key of every range compare on every transaction (a third of
+    a push transaction's etcd CPU, docs/performance.md); keys changed meanwhile without a new
+    record (a foreign writer, the leader's health rewrite) are seen by the watch and planned
+    again like any drift, as they are for a brand-new ingress (no record anywhere), which
+    never needs one.
+    """
+    compares = [record_guard(record_key, observed_record)]
+    if observed_record is not None and keys_current:
+        return compares
+    for obj in guarded:
+        keys = observed_objects.get(obj, {})
+        newest = max((mod for _v, mod in keys.values()), default=0)
+        compares.append(Compare(obj + "/", "LESS", newest + 1, prefix=True))
+        if keys and observed_record is not None:
+            # etcd passes a range compare on keys deleted meanwhile (an empty range is "less"):
+            # one key of each object as observed catches a peer's removal of the object.
+            first = min(keys)
+            compares.append(Compare(first, "EQUAL", keys[first][1]))
+    return compares
+
+
+def guarded_revision(unit: UnitPlan) -> int:
+    """The record revision `unit` was planned against (what its record guard compares)."""
+    return next((c.mod_revision for c in unit.compares if c.key == unit.record_key and not c.prefix), 0)
+
+
+def next_part_guards(unit: UnitPlan, record_revision: int, previous: int) -> list[Compare]:
+    """The compares of a later part: the record as the first part left it, nothing under the unit changed since `previous`."""
+    compares = [Compare(unit.record_key, "EQUAL", record_revision)] if unit.record_key else []
+    compares += [Compare(c.key, "LESS", previous + 1, prefix=True) for c in unit.compares if c.prefix]
+    return compares
+
+
+def carries_record(unit: UnitPlan, changes: Iterable[Change]) -> bool:
+    """True when `changes` (one part of `unit`) carry the unit's record."""
+    return bool(unit.record_key) and any(c.key == unit.record_key for c in changes)
+
+
+def record_alone(unit: UnitPlan, *, keys_held: bool) -> UnitPlan | None:
+    """The unit's record change alone, guarded by its own compare: nothing under the root changes (None: no record change)."""
+    record = [c for c in unit.changes if c.key == unit.record_key]
+    if not record:
+        return None
+    return UnitPlan(
+        name=unit.name, changes=record, compares=[c for c in unit.compares if c.key == unit.record_key], owner=unit.owner,
+        record_key=unit.record_key, record=unit.record, removed=unit.removed, keys_held=keys_held,
+    )
