@@ -42,8 +42,8 @@ from bench.common import (
     raw_write,
     watching,
 )
+from exporter.assembly import build_reconciler
 from exporter.config import Settings
-from exporter.daemon import build_reconciler
 from exporter.embedded import free_port
 from exporter.etcd.client import EtcdClient
 from exporter.gc_tuning import tune_gc

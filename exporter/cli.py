@@ -38,7 +38,7 @@ def _file_records(settings: Settings, extra: list[str]) -> list[Record]:
 
 
 async def _diff(settings: Settings) -> tuple[Plan, list[str]]:
-    from .daemon import build_reconciler, etcd_client
+    from .assembly import build_reconciler, etcd_client
 
     async with etcd_client(settings) as etcd:
         reconciler = build_reconciler(settings, etcd, dry_run=True)
@@ -73,7 +73,7 @@ def cmd_diff(args: argparse.Namespace) -> int:
 
 def cmd_render(args: argparse.Namespace) -> int:
     """Print the KV the ingress files render to, without etcd."""
-    from .daemon import renderer_for
+    from .assembly import renderer_for
     from .render.root_keys import load_certificate, root_keys
 
     settings = _settings(args)

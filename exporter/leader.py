@@ -35,13 +35,10 @@ def default_identity() -> str:
 class Leadership:
     """Campaigns for `key`; `is_leader()` and `fence()` tell the rest of the daemon where it stands (a LeaderPolicy).
 
-    `on_change` is told of every change of leadership (True: this exporter became leader).
+    Listeners (`add_listener`) are told of every change of leadership (True: this exporter became leader).
     """
 
-    def __init__(
-        self, etcd: EtcdStore, key: str, ttl: int = 10, *, on_change: Callable[[bool], None] | None = None,
-        identity: str | None = None,
-    ) -> None:
+    def __init__(self, etcd: EtcdStore, key: str, ttl: int = 10, *, identity: str | None = None) -> None:
         self.etcd = etcd
         self.key = key
         self.ttl = ttl
@@ -49,7 +46,7 @@ class Leadership:
         self._leading = False
         self.leader: str | None = None
         self.create_revision = 0
-        self._on_change = on_change
+        self._listeners: list[Callable[[bool], None]] = []
         self._lease = 0
         self._last_renewed = 0.0
         self._stopping = False
@@ -68,13 +65,17 @@ class Leadership:
             return []
         return [Compare(self.key, "EQUAL", self.create_revision, target="CREATE")]
 
+    def add_listener(self, listener: Callable[[bool], None]) -> None:
+        """Tell `listener` of every change of leadership (True: this exporter became leader)."""
+        self._listeners.append(listener)
+
     def _set(self, leader: bool, why: str) -> None:
         if leader != self._leading:
             self._leading = leader
             IS_LEADER.set(1 if leader else 0)
             logger.info("{} leader ({}; key {} rev {})", "became" if leader else "is no longer", why, self.key, self.create_revision)
-            if self._on_change is not None:
-                self._on_change(leader)
+            for listener in self._listeners:
+                listener(leader)
 
     async def run(self) -> None:
         """Campaign and keep the lease alive until stopped."""

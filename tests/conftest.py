@@ -14,8 +14,9 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from exporter.assembly import build_reconciler
 from exporter.config import Settings
-from exporter.daemon import Daemon, build_reconciler
+from exporter.daemon import Daemon
 from exporter.embedded import RECOMMENDED_ETCD_FLAGS, EmbeddedEtcd, EmbeddedTraefik, start_etcd, start_traefik
 from exporter.etcd.client import EtcdClient
 from exporter.etcd.types import b64
@@ -184,6 +185,6 @@ async def api_daemon(etcd: EmbeddedEtcd, traefik: EmbeddedTraefik, workdir: Path
     )
     daemon = Daemon(settings)
     await daemon.start()
-    await daemon.reconciler.wait_synced(30)
+    await daemon.parts.reconciler.wait_synced(30)
     yield daemon
     await daemon.stop()

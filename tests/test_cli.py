@@ -8,8 +8,8 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from exporter.assembly import build_reconciler
 from exporter.config import load_settings
-from exporter.daemon import build_reconciler
 from exporter.embedded import EmbeddedEtcd
 from exporter.etcd.client import EtcdClient
 from exporter.keys import KeyLayout

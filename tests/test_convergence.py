@@ -41,7 +41,7 @@ async def daemon(etcd: EmbeddedEtcd, traefik: EmbeddedTraefik) -> AsyncIterator[
     """A daemon next to the session Traefik, observing it."""
     running = Daemon(settings_for(etcd.url, **_settings(etcd.url, traefik.api)))
     await running.start()
-    await running.reconciler.wait_synced(30)
+    await running.parts.reconciler.wait_synced(30)
     yield running
     await running.stop()
 
@@ -174,7 +174,7 @@ async def test_wait_served_waits_for_the_last_part_of_a_split_ingress(
     iid = uid()
     parts: list[int] = []
     beacons: list[str | None] = []
-    send = running.etcd.txn
+    send = running.parts.etcd.txn
     shown = TraefikApi(traefik.api)
 
     async def paced(compares: Sequence[Compare], ops: Sequence[Op]) -> TxnResult:
@@ -187,19 +187,19 @@ async def test_wait_served_waits_for_the_last_part_of_a_split_ingress(
             beacons.append(next(op.value for op in ops if op.key == running.settings.layout().beacon_key(ROOT)))
         return reply
 
-    monkeypatch.setattr(running.etcd, "txn", paced)
+    monkeypatch.setattr(running.parts.etcd, "txn", paced)
     await running.start()
     client = Client(running, http)
     try:
-        await running.reconciler.wait_synced(30)
+        await running.parts.reconciler.wait_synced(30)
         servers = [{"url": backend.url}, *({"url": f"http://127.0.0.1:{10_000 + n}", "weight": 0} for n in range(39))]
         body = {"authority": AUTHORITY, "id": iid, "revision": 1, "hosts": [f"{iid}.test"], "upstream": {"servers": servers}}
         client.pushed[iid] = 1
         assert (await client.push("upsert", body, wait=True))[0] == 204
         assert len(parts) >= 3
-        assert running.reconciler.ledger.revision_of(IngressRef(AUTHORITY, iid)) == parts[-1]
+        assert running.parts.reconciler.ledger.revision_of(IngressRef(AUTHORITY, iid)) == parts[-1]
         # Answered only once Traefik applied the last part: the router is there at once.
-        assert running.observer is not None and running.observer.served(ROOT, parts[-1])
+        assert running.parts.observer is not None and running.parts.observer.served(ROOT, parts[-1])
         assert await serves(http, traefik.url("web"), f"{iid}.test", body="split")
     finally:
         for ref in list(client.pushed):
@@ -255,7 +255,7 @@ async def test_pushes_while_traefik_is_behind_commit_records_at_once_and_their_k
     patient = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=90))
     client = Client(daemon, patient)
     try:
-        await daemon.reconciler.wait_synced(30)
+        await daemon.parts.reconciler.wait_synced(30)
         await _paced_pushes(client, daemon, etcd_client, traefik, http, backend)
     finally:
         for iid in list(client.pushed):
@@ -275,7 +275,7 @@ async def _paced_pushes(
     try:
         behind = uid()
         assert (await client.upsert(behind, backend.url))[0] == 204  # written: Traefik had applied everything
-        latest = daemon.reconciler.observed.latest_beacon(ROOT)
+        latest = daemon.parts.reconciler.observed.latest_beacon(ROOT)
         assert latest is not None
         mark = latest.revision
         paced = [uid() for _ in range(5)]
@@ -302,7 +302,7 @@ async def _paced_pushes(
 
 
 def _beacons_after(daemon: Daemon, revision: int) -> int:
-    return sum(1 for w in daemon.reconciler.observed.beacon_history(ROOT) if w.revision > revision)
+    return sum(1 for w in daemon.parts.reconciler.observed.beacon_history(ROOT) if w.revision > revision)
 
 
 async def _state_is(client: Client, state: str) -> dict[str, Any] | None:
@@ -316,7 +316,7 @@ async def test_wait_served_without_a_traefik_is_refused_before_anything_is_writt
     blind = Daemon(settings_for(etcd.url, **{**_settings(etcd.url, "http://unused:1"), "traefik": {}}))
     await blind.start()
     try:
-        await blind.reconciler.wait_synced(30)
+        await blind.parts.reconciler.wait_synced(30)
         c = Client(blind, http)
         revision = (await etcd_client.get(ROOT + "/_meta/owner"))
         status, body = await c.upsert(uid(), "http://127.0.0.1:9", wait=True)
@@ -336,7 +336,7 @@ async def test_traefik_stopped_is_unreachable_and_readiness_says_so_after_max_la
     await watcher.start()
     c = Client(watcher, http)
     try:
-        await watcher.reconciler.wait_synced(30)
+        await watcher.parts.reconciler.wait_synced(30)
         assert (await c.upsert(uid(), "http://127.0.0.1:9", wait=True))[0] == 204
         own.stop()
         await eventually(lambda: _state_is(c, "unreachable"), timeout=5)
@@ -394,7 +394,7 @@ async def test_routers_traefik_disables_are_reported_with_its_error(
     await broken.start()
     c = Client(broken, http)
     try:
-        await broken.reconciler.wait_synced(30)
+        await broken.parts.reconciler.wait_synced(30)
         iid = uid()
         assert (await c.upsert(iid, "http://127.0.0.1:9", wait=True))[0] == 204
         root = await eventually(lambda: _with_router_errors(c))

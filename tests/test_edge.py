@@ -362,7 +362,7 @@ async def edge_daemon(etcd: EmbeddedEtcd, traefik: EmbeddedTraefik, tmp_path_fac
     )
     daemon = Daemon(settings)
     await daemon.start()
-    await daemon.reconciler.wait_synced(30)
+    await daemon.parts.reconciler.wait_synced(30)
     yield EdgeDaemon(daemon, ca_dir)
     await daemon.stop()
 

@@ -72,14 +72,14 @@ async def test_a_member_killed_mid_burst_loses_nothing_and_writes_resume(
     watcher: asyncio.Task[None] | None = None
     try:
         await daemon.start()
-        await daemon.reconciler.wait_synced(30)
+        await daemon.parts.reconciler.wait_synced(30)
         burst = Burst(http, f"http://{settings.api.listen}", backend.url)
         watcher = asyncio.create_task(_readiness(http, f"http://{control_listen}", seen))
         ids = [[uid() for _ in range(PUSHES)] for _ in range(CLIENTS)]
         clients = [asyncio.create_task(burst.client(batch)) for batch in ids]
         await eventually(lambda: _answered(burst, CLIENTS * PUSHES // 3), timeout=30, interval=0.01)
         raft_leader = victim == "the raft leader"
-        dead = leader_of(cluster) if raft_leader else next(m for m in cluster if m.url == daemon.etcd.endpoint)
+        dead = leader_of(cluster) if raft_leader else next(m for m in cluster if m.url == daemon.parts.etcd.endpoint)
         dead.proc.send_signal(signal.SIGKILL)
         killed = time.monotonic()
         await asyncio.gather(*clients)

@@ -63,7 +63,7 @@ async def test_detected_on_a_real_etcd_with_its_default_and_raised_limits(
 
 @pytest.mark.integration
 async def test_the_writer_packs_to_what_etcd_accepts(roomy_etcd: EmbeddedEtcd) -> None:
-    from exporter.daemon import build_reconciler
+    from exporter.assembly import build_reconciler
 
     async with EtcdClient([roomy_etcd.url]) as client:
         rec = build_reconciler(settings_for(roomy_etcd.url, records_prefix=f"{uid('lim')}/records"), client)

@@ -21,8 +21,9 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 from pydantic import SecretStr
 
+from exporter.assembly import build_reconciler, etcd_client
 from exporter.config import Settings
-from exporter.daemon import Daemon, build_reconciler, etcd_client
+from exporter.daemon import Daemon
 from exporter.embedded import etcd_binary, free_port, wait_http
 from tests.helpers import record, uid
 

@@ -250,7 +250,7 @@ async def test_a_third_party_plugin_from_its_entry_point_declares_checkers(
     http: aiohttp.ClientSession,
 ) -> None:
     # examples/checker-plugin is installed by the test command; its kind is `tcp-connect`.
-    assert "tcp-connect" in api_daemon.health.kinds
+    assert "tcp-connect" in api_daemon.parts.health.kinds
     up, down = await Backend("up").start(), Backend("down")
     backends.append(up)
     iid = uid()

@@ -98,7 +98,7 @@ async def daemon(etcd: EmbeddedEtcd, traefik: EmbeddedTraefik, workdir: Path, re
     )
     d = Daemon(settings)
     await d.start()
-    await d.reconciler.wait_synced(30)
+    await d.parts.reconciler.wait_synced(30)
     yield d
     await d.stop()
 
@@ -255,7 +255,7 @@ async def test_a_restart_does_not_replay_old_lines(
     settings = passive_settings(etcd, access_log_of(workdir), uid("replay") + "/records")
     first = Daemon(settings)
     await first.start()
-    await first.reconciler.wait_synced(30)
+    await first.parts.reconciler.wait_synced(30)
     try:
         await push(http, api_of(first), ing(iid, only.url))
         await eventually(lambda: _seen(answers(http, traefik, iid, 1), "502 only"))
@@ -265,7 +265,7 @@ async def test_a_restart_does_not_replay_old_lines(
         await first.stop()
     second = Daemon(settings)
     await second.start()
-    await second.reconciler.wait_synced(30)
+    await second.parts.reconciler.wait_synced(30)
     try:
         await eventually(lambda: is_ready(http, control_of(second)))
         await answers(http, traefik, iid, 1)

@@ -13,7 +13,8 @@ import aiohttp
 import pytest
 import yaml
 
-from exporter.daemon import Daemon, build_reconciler
+from exporter.assembly import build_reconciler
+from exporter.daemon import Daemon
 from exporter.embedded import EmbeddedEtcd, EmbeddedTraefik, free_port
 from exporter.etcd.client import EtcdClient
 from exporter.keys import IngressRef
@@ -350,7 +351,7 @@ async def test_coordinator_simulation_50_clients_500_ingresses(
 def test_the_openapi_document_lists_exactly_the_served_routes(api_daemon: Daemon) -> None:
     from exporter.sources.api import push_api_app
 
-    app = push_api_app(api_daemon.reconciler, token="x", max_body_bytes=1024)
+    app = push_api_app(api_daemon.parts.reconciler, token="x", max_body_bytes=1024)
     served = {(r.method.lower(), r.resource.canonical) for r in app.router.routes() if r.resource is not None}
     documented = {(m, p) for p, ops in OPENAPI["paths"].items() for m in ops}
     assert served - {("head", "/v2/ingress")} == documented

@@ -10,8 +10,8 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from exporter.assembly import build_reconciler
 from exporter.config import Settings
-from exporter.daemon import build_reconciler
 from exporter.embedded import (
     EmbeddedEtcd,
     EmbeddedTraefik,

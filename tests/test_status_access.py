@@ -33,7 +33,7 @@ async def wide(etcd: EmbeddedEtcd, traefik: EmbeddedTraefik) -> AsyncIterator[Da
     """A daemon whose control server listens beyond loopback (reached here on 127.0.0.1)."""
     running = Daemon(_settings(etcd, traefik, f"0.0.0.0:{free_port()}"))
     await running.start()
-    await running.reconciler.wait_synced(30)
+    await running.parts.reconciler.wait_synced(30)
     yield running
     await running.stop()
 
@@ -77,7 +77,7 @@ async def test_pages_carry_a_policy_without_inline_scripts_and_gets_change_nothi
     running = Daemon(_settings(etcd, traefik, f"127.0.0.1:{free_port()}"))
     await running.start()
     try:
-        await running.reconciler.wait_synced(30)
+        await running.parts.reconciler.wait_synced(30)
         base = f"http://{running.settings.control.listen}"
         code, body, headers = await _get(http, base + "/")
         assert code == 200 and "script-src 'self'" in headers["Content-Security-Policy"]
@@ -105,7 +105,7 @@ async def test_events_and_status_report_a_refused_push_a_conflict_and_a_server_o
     body = {"authority": AUTHORITY, "id": iid, "revision": 2, "hosts": [f"{iid}.test"], "upstream": {"servers": [{"url": backend.url}]},
             "health_check": {"enable": True, "interval": 0.3, "max_retries": 1, "max_wait_time": 0.3, "initial_delay": 0}}
     try:
-        await running.reconciler.wait_synced(30)
+        await running.parts.reconciler.wait_synced(30)
         assert (await asyncio.to_thread(status, running.settings))[0] == EXIT_OK  # nothing stored: nothing unserved
         async with http.post(f"{api}/upsert?wait=served", json={"ingresses": [body]}, headers=auth) as resp:
             assert resp.status == 204

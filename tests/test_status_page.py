@@ -61,7 +61,7 @@ async def daemon(etcd: EmbeddedEtcd, traefik: EmbeddedTraefik) -> AsyncIterator[
         traefik={"api_url": traefik.api, "max_lag": MAX_LAG, "poll_interval": 0.2},
     ))
     await running.start()
-    await running.reconciler.wait_synced(30)
+    await running.parts.reconciler.wait_synced(30)
     yield running
     await running.stop()
 
@@ -225,5 +225,5 @@ async def test_the_search_box_finds_an_ingress_by_host_among_10000(page: Page) -
     await page.until(lambda: "q=i7345.test" in page.driver.current_url, 10)
     keys = await page.run(lambda: [r.get_attribute("data-key") for r in page.driver.find_elements(By.CSS_SELECTOR, "#rows tr")])
     assert keys == [f"{authority}/i7345"]
-    assert await page.run(lambda: page.text('#ingresses [data-field="total"]')) == str(len(page.daemon.reconciler.records))
+    assert await page.run(lambda: page.text('#ingresses [data-field="total"]')) == str(len(page.daemon.parts.reconciler.records))
     await page.shot("search")

@@ -120,3 +120,14 @@ def test_imports_run_one_way_store_plan_write_reconcile_and_sources_hand_over_re
             if package == "sources" and other == "reconcile":
                 backwards.append(f"{name} -> {target}")
     assert backwards == []
+
+
+def test_the_daemon_assigns_no_attribute_of_another_object() -> None:
+    """The daemon starts, runs and stops the parts assembly built: it wires nothing by assignment."""
+    foreign = []
+    for node in ast.walk(ast.parse((PACKAGE / "daemon.py").read_text())):
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else []
+        for target in targets:
+            if isinstance(target, ast.Attribute) and not (isinstance(target.value, ast.Name) and target.value.id == "self"):
+                foreign.append(f"line {node.lineno}: {ast.unparse(target)}")
+    assert foreign == []

@@ -173,13 +173,12 @@ async def test_a_daemon_task_that_keeps_failing_shows_in_readyz_and_metrics(
         traefik={"api_url": traefik.api},
     )
     daemon = Daemon(settings)
-    daemon.supervisor = Supervisor(backoff_first=0.01, backoff_max=0.05)
-    assert daemon.observer is not None
+    assert daemon.parts.observer is not None
 
     async def broken() -> None:
         raise RuntimeError("observer bug")
 
-    monkeypatch.setattr(daemon.observer, "run", broken)
+    monkeypatch.setattr(daemon.parts.observer, "run", broken)
     await daemon.start()
     try:
         await eventually(lambda: _readyz_names(http, control, "task traefik-observer keeps failing"), timeout=20)

@@ -9,7 +9,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from exporter.daemon import build_reconciler
+from exporter.assembly import build_reconciler
 from exporter.embedded import EmbeddedEtcd, EmbeddedTraefik
 from exporter.errors import StaleRevisionError
 from exporter.etcd.client import EtcdClient

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import re
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
@@ -134,6 +135,17 @@ class EtcdClient:
         """The current revision of the store."""
         reply = await self._gateway.post("/v3/kv/range", {"key": b64("\x00"), "keys_only": True, "limit": "1"})
         return int(reply["header"]["revision"])
+
+    async def probe_while_idle(self, every: float) -> None:
+        """Ask etcd for its revision whenever it has been quiet for `every` seconds, forever.
+
+        Reachability must see an outage also while nothing is written (readiness reads it).
+        """
+        while True:
+            await asyncio.sleep(every / 2)
+            if self.idle_for() >= every:
+                with contextlib.suppress(EtcdError):
+                    await self.revision()
 
     async def watch_prefix(self, prefix: str, start_revision: int, idle_timeout: float) -> AsyncIterator[list[WatchEvent]]:
         """Yield batches of events under `prefix` from `start_revision` on.

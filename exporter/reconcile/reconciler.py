@@ -257,6 +257,16 @@ class Reconciler:
         """Re-plan these ingresses soon; `reason` (health, drift, ...) is logged with each change."""
         self._inbox.mark_dirty(refs, reason)
 
+    def ca_files_in_use(self) -> set[str]:
+        """The upstream CA files the stored ingresses name."""
+        return {path for record in self.store.records.values() if (path := record.ingress.ca_file)}
+
+    def ca_file_changed(self, path: str) -> None:
+        """A CA file was rotated: rewrite every transport that names it (through the guarded write path)."""
+        refs = [ref for ref, record in self.store.records.items() if record.ingress.ca_file == path]
+        logger.info("upstream CA file {} changed: rewriting the transports of {} ingresses", path, len(refs))
+        self.mark_dirty(refs, "ca-file")
+
     def request_full(self, relist: bool = False) -> None:
         """Ask for a full reconcile pass (and a re-list of etcd when `relist`)."""
         self._inbox.request_full(relist)

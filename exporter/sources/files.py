@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import glob
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Protocol
 
@@ -70,6 +70,15 @@ class IngressFiles:
         self.errors: dict[Path, str] = {}
         # Files whose content is valid but could not be written (etcd down): retried.
         self._unwritten: set[Path] = set()
+        # Every file was applied once (readiness waits for it).
+        self.synced = False
+
+    async def run(self, committed: Callable[[], list[Record]], stop: asyncio.Event) -> None:
+        """Take over what files applied before (`committed`: the records in etcd), apply every file, then follow them."""
+        self.adopt(committed())
+        await self.sync_all()
+        self.synced = True
+        await self.follow(stop)
 
     def adopt(self, records: list[Record]) -> None:
         """Take over what files applied before a restart, so files now gone are removed."""

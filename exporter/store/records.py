@@ -110,14 +110,18 @@ class Removal:
 class RecordStore:
     """The committed records (as they are in etcd), keyed by (authority, id): live ones and tombstones.
 
-    `listener` is told of every change of a live record (the health engine follows the
-    checked ingresses through it).
+    Listeners (`add_listener`) are told of every change of a live record (the health engine
+    follows the checked ingresses through it).
     """
 
-    def __init__(self, listener: RecordListener | None = None) -> None:
+    def __init__(self) -> None:
         self.records: dict[IngressRef, Record] = {}
         self.tombstones: dict[IngressRef, Record] = {}
-        self._listener = listener
+        self._listeners: list[RecordListener] = []
+
+    def add_listener(self, listener: RecordListener) -> None:
+        """Tell `listener` of every change of a live record: (key, its ingress, or None when it is gone)."""
+        self._listeners.append(listener)
 
     def __len__(self) -> int:
         return len(self.records)
@@ -125,6 +129,11 @@ class RecordStore:
     def get(self, key: IngressRef) -> Record | None:
         """The committed live record of one ingress."""
         return self.records.get(key)
+
+    def ingress_of(self, key: IngressRef) -> Ingress | None:
+        """The ingress of one committed live record (None: none)."""
+        record = self.records.get(key)
+        return record.ingress if record is not None else None
 
     def latest(self, key: IngressRef) -> Record | None:
         """The live record, else the tombstone, of one ingress."""
@@ -137,14 +146,16 @@ class RecordStore:
                 self.tombstones.pop(key, None)
             else:
                 self.tombstones[key] = record
-            if self.records.pop(key, None) is not None and self._listener is not None:
-                self._listener(key, None)
+            if self.records.pop(key, None) is not None:
+                for listener in self._listeners:
+                    listener(key, None)
             return
         self.tombstones.pop(key, None)
         previous = self.records.get(key)
         self.records[key] = record
-        if (previous is None or previous.value != record.value) and self._listener is not None:
-            self._listener(key, record.ingress)
+        if previous is None or previous.value != record.value:
+            for listener in self._listeners:
+                listener(key, record.ingress)
 
     def committed(self, key: IngressRef, record: Record | None) -> None:
         """Take a record this exporter just committed (None: it deleted an expired tombstone), unless a newer one is known.

@@ -169,8 +169,9 @@ class TraefikObserver:
 
     def __init__(
         self, api: TraefikApi, layout: KeyLayout, observed: Observed, store: RecordStore, *,
-        max_lag: float = 30.0, poll_interval: float = 1.0,
+        max_lag: float = 30.0, poll_interval: float = 1.0, on_state: Callable[[str, State, str], None] | None = None,
     ) -> None:
+        """`on_state` is told of every change of a root's state: (root, new state, a sentence)."""
         self.api = api
         self._layout = layout
         self._observed = observed
@@ -184,8 +185,7 @@ class TraefikObserver:
         self._last_poll = self._last_routers = 0.0
         self._checks = Checks()
         self._diagnosis = Diagnosis(layout, observed, store, max_lag)
-        # Told of every change of a root's state: (root, new state, a sentence).
-        self.state_changed: Callable[[str, State, str], None] | None = None
+        self._on_state = on_state
 
     # ----- the loop
 
@@ -283,8 +283,8 @@ class TraefikObserver:
                        view.committed_revision, view.applied_revision)
             view.state, view.since = state, time.time()
             self._diagnosis.rescan()  # a new state gets a fresh report
-            if self.state_changed is not None:
-                self.state_changed(view.root, state, f"traefik {state} on {view.root} (committed {view.committed_revision}, "
+            if self._on_state is not None:
+                self._on_state(view.root, state, f"traefik {state} on {view.root} (committed {view.committed_revision}, "
                                    f"applied {view.applied_revision})")
         self._diagnosis.update(view, now)
 
