@@ -128,7 +128,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 def cmd_config_reference(_args: argparse.Namespace) -> int:
     """Print the configuration reference (docs/configuration.md)."""
-    from .config import reference_markdown
+    from .config.reference import reference_markdown
 
     sys.stdout.write(reference_markdown())
     return EXIT_OK

@@ -128,7 +128,7 @@ async def run_embedded(config: Path | None) -> int:
         settings.sources.files = [str(ingress_dir / "*.yaml")]
         settings.control.listen = f"127.0.0.1:{free_port()}"
         settings.api.listen = f"127.0.0.1:{free_port()}"
-        settings.api.allow_unauthenticated_loopback = settings.api_token() is None
+        settings.api.allow_unauthenticated_loopback = settings.secret("api.token") is None
         settings.traefik.api_url = traefik.api
         daemon = Daemon(settings)
         await daemon.start()

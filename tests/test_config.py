@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import json
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+from pydantic import BaseModel
 
-from exporter.config import load_settings
+from exporter.config import Settings, load_settings
 from exporter.errors import ConfigError
 
 
@@ -34,13 +38,50 @@ def test_yaml_file_with_env_override_and_relative_paths(tmp_path: Path, monkeypa
     assert s.writer.coalesce_window == 0.05
     assert s.default_entrypoints == ["web", "websecure"]
     assert s.sources.files == [str(tmp_path / "ingresses/*.yaml")]
-    assert s.api_token() == "s3cret"
+    assert s.secret("api.token") == "s3cret"
+
+
+def _path_fields(model: type[BaseModel], prefix: str = "") -> Iterator[tuple[str, Any]]:
+    """Every field of the settings whose values are paths or globs (at any depth), with its annotation."""
+    for name, info in model.model_fields.items():
+        annotation = info.annotation
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            yield from _path_fields(annotation, f"{prefix}{name}.")
+        elif "Path" in repr(annotation) or name in ("files",):
+            yield f"{prefix}{name}", (annotation, info.metadata)
+
+
+def test_every_path_field_resolves_against_the_config_file(tmp_path: Path) -> None:
+    """A path field added later is resolved as well (one walk over the marked fields), not against the cwd."""
+    fields = dict(_path_fields(Settings))
+    assert len(fields) >= 14, fields
+    unmarked = [name for name, annotation in fields.items() if "RelativeToConfig" not in repr(annotation)]
+    assert unmarked == []
+    values: dict[str, Any] = {}
+    for name, annotation in fields.items():
+        section, _, field = name.rpartition(".")
+        values.setdefault(section, {})[field] = [f"rel/{field}"] if "list" in repr(annotation) else f"rel/{field}"
+    cfg = tmp_path / "exporter.yaml"
+    nested: dict[str, Any] = {}
+    for section, fields_of in values.items():
+        node = nested
+        for part in section.split("."):
+            node = node.setdefault(part, {})
+        node.update(fields_of)
+    cfg.write_text(json.dumps(nested))
+    s = load_settings(cfg)
+    for name in fields:
+        found: Any = s
+        for part in name.split("."):
+            found = getattr(found, part)
+        for item in found if isinstance(found, list) else [found]:
+            assert Path(item) == tmp_path / "rel" / name.rsplit(".", 1)[1], name
 
 
 def test_token_from_env_wins_and_is_never_printed(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("EXPORTER_API__TOKEN", "from-env-secret")
     s = load_settings(None)
-    assert s.api_token() == "from-env-secret"
+    assert s.secret("api.token") == "from-env-secret"
     assert "from-env-secret" not in repr(s) and "from-env-secret" not in s.model_dump_json()
 
 
@@ -72,7 +113,7 @@ def test_missing_config_file_is_a_clear_error(tmp_path: Path) -> None:
 def test_configuration_reference_is_current() -> None:
     from pathlib import Path
 
-    from exporter.config import reference_markdown
+    from exporter.config.reference import reference_markdown
 
     doc = Path(__file__).resolve().parent.parent / "docs" / "configuration.md"
     assert doc.read_text() == reference_markdown(), "run: traefik-etcd-exporter config-reference > docs/configuration.md"

@@ -59,7 +59,7 @@ def test_the_mounted_exporter_config_and_ingresses_validate(monkeypatch: pytest.
     token.write_text("from-the-secret")
     monkeypatch.setenv("EXPORTER_API__TOKEN_FILE", str(token))
     settings = load_settings(COMPOSE / "exporter.yaml")
-    assert settings.api_token() == "from-the-secret"
+    assert settings.secret("api.token") == "from-the-secret"
     for path in list((COMPOSE / "ingresses").glob("*.yaml")) + list((COMPOSE / "two-fleets").rglob("ingresses-*/*.yaml")):
         IngressFile.model_validate(yaml.safe_load(path.read_text()))
     backend_ai = load_settings(COMPOSE / "backend-ai" / "exporter.yaml")

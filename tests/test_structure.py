@@ -126,7 +126,12 @@ def test_the_daemon_assigns_no_attribute_of_another_object() -> None:
     """The daemon starts, runs and stops the parts assembly built: it wires nothing by assignment."""
     foreign = []
     for node in ast.walk(ast.parse((PACKAGE / "daemon.py").read_text())):
-        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, (ast.AugAssign, ast.AnnAssign)) else []
+        if isinstance(node, ast.Assign):
+            targets = node.targets
+        elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
+            targets = [node.target]
+        else:
+            continue
         for target in targets:
             if isinstance(target, ast.Attribute) and not (isinstance(target.value, ast.Name) and target.value.id == "self"):
                 foreign.append(f"line {node.lineno}: {ast.unparse(target)}")

@@ -34,7 +34,7 @@ def control_server(parts: Parts) -> web.Application:
     middlewares = [security_headers()]
     if not is_loopback(settings.control.listen):
         # Beyond loopback the page and its JSON ask for the push API's credentials (monitoring paths stay open).
-        required, login = token_required(settings.api_token(), settings.api_jwt_secret(), settings.control.open_paths)
+        required, login = token_required(settings.secret("api.token"), settings.secret("api.jwt_secret"), settings.control.open_paths)
         middlewares.append(required)
         routes += login
     return control_app(parts.readiness.reasons, routes, middlewares)
@@ -61,7 +61,7 @@ def push_api(parts: Parts) -> web.Application | None:
     api = settings.api
     if not api.enabled:
         return None
-    token, jwt_secret = settings.api_token(), settings.api_jwt_secret()
+    token, jwt_secret = settings.secret("api.token"), settings.secret("api.jwt_secret")
     if token is None and jwt_secret is None:
         if not (api.allow_unauthenticated_loopback and is_loopback(api.listen)):
             raise ConfigError(

@@ -49,7 +49,7 @@ def etcd_client(settings: Settings) -> EtcdClient:
         key_file=str(e.key_file) if e.key_file else None,
         server_name=e.server_name,
         username=e.username,
-        password=settings.etcd_password(),
+        password=settings.secret("etcd.password"),
     )
     return EtcdClient(e.endpoints, e.timeout, e.page_size, security)
 
@@ -103,7 +103,7 @@ def observer(
     t = settings.traefik
     if t.api_url is None:
         return None
-    api = TraefikApi(t.api_url, username=t.username, password=settings.traefik_password())
+    api = TraefikApi(t.api_url, username=t.username, password=settings.secret("traefik.password"))
     return TraefikObserver(api, layout, observed, store, max_lag=t.max_lag, poll_interval=t.poll_interval, on_state=on_state)
 
 
@@ -123,7 +123,7 @@ def notifier(settings: Settings, leader: LeaderPolicy, ingress_of: Callable[[Ing
     """The notifier of the coordinator (None without `health.notify_url`)."""
     if settings.health.notify_url is None:
         return None
-    return Notifier(settings.health.notify_url, settings.notify_token(), leader, ingress_of)
+    return Notifier(settings.health.notify_url, settings.secret("health.notify_token"), leader, ingress_of)
 
 
 def passive_monitor(
@@ -151,5 +151,5 @@ def discovery(settings: Settings) -> Discovery | None:
     from ..discovery import Discovery, registration_of
 
     heartbeat = d.heartbeat if d.heartbeat is not None else d.ttl / 3
-    return Discovery(registration_of(settings, __version__), d.redis_url, password=settings.discovery_password(),
+    return Discovery(registration_of(settings, __version__), d.redis_url, password=settings.secret("discovery.password"),
                      ttl=d.ttl, heartbeat=heartbeat)

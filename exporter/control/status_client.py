@@ -29,7 +29,7 @@ def control_url(settings: Settings) -> str:
 
 async def fetch(settings: Settings, timeout: float = 10.0) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """The state, and every ingress not served or with a server out of rotation (all pages)."""
-    token = settings.api_token()
+    token = settings.secret("api.token")
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     base = control_url(settings)
     bad: list[dict[str, Any]] = []

@@ -1,34 +1,22 @@
-"""Settings: loaded once from `exporter.yaml` plus `EXPORTER_<SECTION>__<FIELD>` env, then passed down."""
+"""The sections of the settings, one model each (the root model is config/schema.py)."""
 
 from __future__ import annotations
 
 import re
-from contextvars import ContextVar
-from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
     SecretStr,
-    ValidationError,
     field_validator,
     model_validator,
 )
-from pydantic_settings import (
-    BaseSettings,
-    PydanticBaseSettingsSource,
-    SettingsConfigDict,
-    YamlConfigSettingsSource,
-)
 
-from .ingress import validate_entrypoint
-from .keys import KeyLayout
+from .paths import ConfigGlob, ConfigPath
 
 _LISTEN_RE = re.compile(r"^[^\s:]+:\d{1,5}\Z")
-# The YAML file of the Settings being built (settings_customise_sources is a classmethod).
-_CONFIG_FILE: ContextVar[Path | None] = ContextVar("_CONFIG_FILE", default=None)
 
 
 class _Section(BaseModel):
@@ -50,13 +38,13 @@ class EtcdSettings(_Section):
         description="bytes per txn, below etcd's --max-request-bytes (unset: 90% of what etcd accepts, detected at startup)",
     )
     page_size: int = Field(default=5000, ge=100, description="keys per paged range read")
-    ca_file: Path | None = Field(default=None, description="CA bundle that signed etcd's server certificate (https endpoints)")
-    cert_file: Path | None = Field(default=None, description="client certificate for etcd --client-cert-auth")
-    key_file: Path | None = Field(default=None, description="its private key")
+    ca_file: ConfigPath | None = Field(default=None, description="CA bundle that signed etcd's server certificate (https endpoints)")
+    cert_file: ConfigPath | None = Field(default=None, description="client certificate for etcd --client-cert-auth")
+    key_file: ConfigPath | None = Field(default=None, description="its private key")
     server_name: str | None = Field(default=None, description="name to verify in etcd's certificate (default: the endpoint host)")
     username: str | None = Field(default=None, description="etcd user (auth enabled)")
     password: SecretStr | None = Field(default=None, description="its password (use EXPORTER_ETCD__PASSWORD)")
-    password_file: Path | None = Field(default=None, description="file holding the password")
+    password_file: ConfigPath | None = Field(default=None, description="file holding the password")
 
     @field_validator("endpoints")
     @classmethod
@@ -72,7 +60,7 @@ class EtcdSettings(_Section):
 class SourcesSettings(_Section):
     """Where desired ingresses come from besides the push API."""
 
-    files: list[str] = Field(
+    files: list[ConfigGlob] = Field(
         default_factory=list, description="globs of ingress YAML files (relative to the config file), hot-reloaded"
     )
     max_file_bytes: int = Field(
@@ -83,15 +71,15 @@ class SourcesSettings(_Section):
 class TemplatesSettings(_Section):
     """Traefik config templates; `dir` overrides the built-in ones file by file."""
 
-    dir: Path | None = Field(default=None, description="directory whose *.json.j2 files override the built-in templates")
+    dir: ConfigPath | None = Field(default=None, description="directory whose *.json.j2 files override the built-in templates")
 
 
 class _Server(_Section):
     """An HTTP(S) server: where it listens and, optionally, its TLS certificate."""
 
     listen: str
-    tls_cert_file: Path | None = Field(default=None, description="serve HTTPS with this PEM certificate (chain)")
-    tls_key_file: Path | None = Field(default=None, description="and this private key")
+    tls_cert_file: ConfigPath | None = Field(default=None, description="serve HTTPS with this PEM certificate (chain)")
+    tls_key_file: ConfigPath | None = Field(default=None, description="and this private key")
 
     @field_validator("listen")
     @classmethod
@@ -106,9 +94,9 @@ class ApiSettings(_Server):
 
     enabled: bool = Field(default=True, description="serve the push API (off: ingress files only)")
     listen: str = Field(default="127.0.0.1:8570", description="host:port of the push API")
-    token_file: Path | None = Field(default=None, description="file holding the bearer token")
+    token_file: ConfigPath | None = Field(default=None, description="file holding the bearer token")
     token: SecretStr | None = Field(default=None, description="the bearer token itself (use EXPORTER_API__TOKEN)")
-    jwt_secret_file: Path | None = Field(
+    jwt_secret_file: ConfigPath | None = Field(
         default=None, description="file holding the HS256 secret of accepted `Authorization: Bearer <JWT>` tokens"
     )
     max_body_bytes: int = Field(default=8 * 1024 * 1024, ge=1024, description="larger request bodies get 413")
@@ -152,7 +140,7 @@ class TraefikSettings(_Section):
         default=None, description="Traefik's API, e.g. http://127.0.0.1:8080 (unset: convergence unknown, readiness ignores it)"
     )
     username: str | None = Field(default=None, description="basic-auth user of Traefik's API")
-    password_file: Path | None = Field(default=None, description="file holding that user's password")
+    password_file: ConfigPath | None = Field(default=None, description="file holding that user's password")
     max_lag: float = Field(default=30.0, gt=0, description="seconds Traefik may lag behind etcd before /readyz turns 503")
     poll_interval: float = Field(
         default=1.0, ge=0.05, le=60, description="seconds between checks of a converged Traefik (behind: every 50 ms)"
@@ -172,7 +160,7 @@ class DiscoverySettings(_Section):
     redis_url: str | None = Field(
         default=None, description="redis:// or rediss:// URL of the discovery Redis/Valkey (unset: no registration)"
     )
-    password_file: Path | None = Field(default=None, description="file holding the Redis password")
+    password_file: ConfigPath | None = Field(default=None, description="file holding the Redis password")
     service_group: str = Field(default="appproxy-worker", description="the service group the coordinator reads")
     labels: dict[str, str] = Field(
         default_factory=lambda: {"ingress-delivery-mode": "api"}, description="labels of the registration"
@@ -202,7 +190,7 @@ class DiscoverySettings(_Section):
 class PassiveSettings(_Section):
     """Passive health: servers ejected from what Traefik's JSON access log says about real requests."""
 
-    access_log: Path | None = Field(
+    access_log: ConfigPath | None = Field(
         default=None, description="Traefik's access log (accessLog.format=json) shared with this sidecar (unset: passive health off)"
     )
     max_failures: int = Field(default=5, ge=1, le=10_000, description="consecutive failed requests to one server that eject it")
@@ -239,7 +227,7 @@ class HealthSettings(_Section):
     notify_url: str | None = Field(
         default=None, description="URL the leader POSTs every routed/not-routed transition of a node to (unset: none)"
     )
-    notify_token_file: Path | None = Field(
+    notify_token_file: ConfigPath | None = Field(
         default=None, description="file holding the bearer token sent with those notifications"
     )
 
@@ -279,7 +267,7 @@ class UpstreamSettings(_Section):
 
     timeouts: TimeoutDefaults = Field(default_factory=TimeoutDefaults)
     timeouts_bounds: TimeoutBounds = Field(default_factory=TimeoutBounds)
-    ca_file_dirs: list[Path] = Field(
+    ca_file_dirs: list[ConfigPath] = Field(
         default_factory=list, max_length=16,
         description="directories an ingress's upstream_tls.ca_file may name a file in (empty: ca_file refused)",
     )
@@ -296,8 +284,8 @@ class LeaderSettings(_Section):
 class TlsSettings(_Section):
     """The default certificate written under every root (generated when unset)."""
 
-    cert_file: Path | None = Field(default=None, description="PEM certificate written as Traefik's default certificate")
-    key_file: Path | None = Field(default=None, description="its PEM private key (both set, or a certificate is generated)")
+    cert_file: ConfigPath | None = Field(default=None, description="PEM certificate written as Traefik's default certificate")
+    key_file: ConfigPath | None = Field(default=None, description="its PEM private key (both set, or a certificate is generated)")
 
 
 class LogSettings(_Section):
@@ -307,211 +295,3 @@ class LogSettings(_Section):
         default="auto", description="auto: human on a TTY, JSON lines otherwise"
     )
     level: str = Field(default="INFO", description="DEBUG, INFO, WARNING or ERROR")
-
-
-class Settings(BaseSettings):
-    """The whole configuration of one exporter."""
-
-    model_config = SettingsConfigDict(
-        env_prefix="EXPORTER_", env_nested_delimiter="__", extra="forbid"
-    )
-
-    etcd: EtcdSettings = Field(default_factory=EtcdSettings)
-    root_key: str = Field(
-        default="traefik/worker_{authority}", description="Traefik rootKey per authority ({authority} placeholder)"
-    )
-    records_prefix: str = Field(
-        default="traefik-etcd-exporter/records", description="where desired ingress records are stored in etcd"
-    )
-    default_entrypoints: list[str] = Field(
-        default=["web"], min_length=1, max_length=16, description="entrypoints of ingresses that name none"
-    )
-    sources: SourcesSettings = Field(default_factory=SourcesSettings)
-    templates: TemplatesSettings = Field(default_factory=TemplatesSettings)
-    api: ApiSettings = Field(default_factory=ApiSettings)
-    control: ControlSettings = Field(default_factory=ControlSettings)
-    writer: WriterSettings = Field(default_factory=WriterSettings)
-    health: HealthSettings = Field(default_factory=HealthSettings)
-    leader: LeaderSettings = Field(default_factory=LeaderSettings)
-    tls: TlsSettings = Field(default_factory=TlsSettings)
-    traefik: TraefikSettings = Field(default_factory=TraefikSettings)
-    upstream: UpstreamSettings = Field(default_factory=UpstreamSettings)
-    discovery: DiscoverySettings = Field(default_factory=DiscoverySettings)
-    log: LogSettings = Field(default_factory=LogSettings)
-
-    @field_validator("root_key")
-    @classmethod
-    def _root_key(cls, value: str) -> str:
-        bare = value.replace("{authority}", "")
-        if not value or value.startswith("/") or value.endswith("/") or "//" in value:
-            raise ValueError("must be a key path without leading, trailing or double '/'")
-        if not re.match(r"^[A-Za-z0-9_./-]+\Z", bare):
-            raise ValueError("only [A-Za-z0-9_./-] and the placeholder {authority} are allowed")
-        return value
-
-    @field_validator("records_prefix")
-    @classmethod
-    def _records_prefix(cls, value: str) -> str:
-        if not re.match(r"^[A-Za-z0-9_.-]+(/[A-Za-z0-9_.-]+)*\Z", value):
-            raise ValueError("must be a key path of [A-Za-z0-9_.-] segments without leading or trailing '/'")
-        return value
-
-    @field_validator("default_entrypoints")
-    @classmethod
-    def _entrypoints(cls, value: list[str]) -> list[str]:
-        return [validate_entrypoint(name) for name in value]
-
-    @classmethod
-    def settings_customise_sources(
-        cls,
-        settings_cls: type[BaseSettings],
-        init_settings: PydanticBaseSettingsSource,
-        env_settings: PydanticBaseSettingsSource,
-        dotenv_settings: PydanticBaseSettingsSource,
-        file_secret_settings: PydanticBaseSettingsSource,
-    ) -> tuple[PydanticBaseSettingsSource, ...]:
-        # Env overrides the file; explicit init kwargs override both.
-        yaml_file = _CONFIG_FILE.get()
-        if yaml_file is None:
-            return (init_settings, env_settings)
-        return (init_settings, env_settings, YamlConfigSettingsSource(settings_cls, yaml_file=yaml_file))
-
-    def layout(self) -> KeyLayout:
-        """Every key name the exporter uses, from these settings (sidecars sharing the records share a leader)."""
-        return KeyLayout(
-            root_key=self.root_key,
-            records_prefix=self.records_prefix,
-            health_prefix=self.health.prefix,
-            election_key=self.leader.key,
-        )
-
-    def etcd_password(self) -> str | None:
-        """The etcd password from `etcd.password` (env) or `etcd.password_file`."""
-        return _secret(self.etcd.password, self.etcd.password_file, "etcd.password_file")
-
-    def traefik_password(self) -> str | None:
-        """The password of Traefik's API (`traefik.password_file`)."""
-        return _secret(None, self.traefik.password_file, "traefik.password_file")
-
-    def discovery_password(self) -> str | None:
-        """The discovery Redis password (`discovery.password_file`)."""
-        return _secret(None, self.discovery.password_file, "discovery.password_file")
-
-    def api_jwt_secret(self) -> str | None:
-        """The secret JWTs are verified with (`api.jwt_secret_file`)."""
-        return _secret(None, self.api.jwt_secret_file, "api.jwt_secret_file")
-
-    def notify_token(self) -> str | None:
-        """The bearer token of health notifications (`health.notify_token_file`)."""
-        return _secret(None, self.health.notify_token_file, "health.notify_token_file")
-
-    def api_token(self) -> str | None:
-        """The push API token from `api.token` (env) or `api.token_file`."""
-        return _secret(self.api.token, self.api.token_file, "api.token_file")
-
-
-def _secret(value: SecretStr | None, path: Path | None, field: str) -> str | None:
-    if value is not None:
-        return value.get_secret_value()
-    return read_secret(path, field) if path is not None else None
-
-
-def read_secret(path: Path, field: str) -> str | None:
-    """A secret from a file (stripped; None when empty); a ConfigError naming the field if unreadable."""
-    from .errors import ConfigError
-
-    try:
-        return path.read_text().strip() or None
-    except OSError as exc:
-        raise ConfigError(f"{field}: cannot read {path}: {exc.strerror}") from None
-
-
-def load_settings(path: Path | None, **overrides: Any) -> Settings:
-    """Load settings from `path` (YAML) and the environment; relative paths resolve against the file."""
-    if path is None:
-        settings = _build(**overrides)
-        base = Path.cwd()
-    else:
-        if not path.is_file():
-            from .errors import ConfigError
-
-            raise ConfigError(f"config file {path} does not exist")
-        token = _CONFIG_FILE.set(path)
-        try:
-            settings = _build(**overrides)
-        finally:
-            _CONFIG_FILE.reset(token)
-        base = path.resolve().parent
-    return _resolve_paths(settings, base)
-
-
-def _build(**overrides: Any) -> Settings:
-    from .errors import ConfigError
-    from .ingress import field_errors
-
-    try:
-        return Settings(**overrides)
-    except ValidationError as exc:
-        errors = field_errors(exc)
-        detail = "; ".join(f"{e['loc']}: {e['msg']}" for e in errors)
-        raise ConfigError(f"invalid configuration: {detail}", {"errors": errors}) from None
-    except ValueError as exc:
-        raise ConfigError(f"invalid configuration: {exc}") from None
-
-
-def _resolve_paths(settings: Settings, base: Path) -> Settings:
-    def rel(p: Path | None) -> Path | None:
-        return None if p is None or p.is_absolute() else base / p
-
-    settings.sources.files = [f if Path(f).is_absolute() else str(base / f) for f in settings.sources.files]
-    if settings.templates.dir is not None:
-        settings.templates.dir = rel(settings.templates.dir) or settings.templates.dir
-    if settings.api.token_file is not None:
-        settings.api.token_file = rel(settings.api.token_file) or settings.api.token_file
-    settings.api.jwt_secret_file = rel(settings.api.jwt_secret_file) or settings.api.jwt_secret_file
-    for name in ("ca_file", "cert_file", "key_file", "password_file"):
-        value = getattr(settings.etcd, name)
-        setattr(settings.etcd, name, rel(value) or value)
-    for section in (settings.api, settings.control):
-        section.tls_cert_file = rel(section.tls_cert_file) or section.tls_cert_file
-        section.tls_key_file = rel(section.tls_key_file) or section.tls_key_file
-    settings.traefik.password_file = rel(settings.traefik.password_file) or settings.traefik.password_file
-    settings.discovery.password_file = rel(settings.discovery.password_file) or settings.discovery.password_file
-    settings.health.notify_token_file = rel(settings.health.notify_token_file) or settings.health.notify_token_file
-    settings.health.passive.access_log = rel(settings.health.passive.access_log) or settings.health.passive.access_log
-    settings.tls.cert_file = rel(settings.tls.cert_file) or settings.tls.cert_file
-    settings.tls.key_file = rel(settings.tls.key_file) or settings.tls.key_file
-    return settings
-
-
-def reference_markdown() -> str:
-    """The configuration reference (docs/configuration.md), generated from the models above."""
-    lines = [
-        "# Configuration reference",
-        "",
-        "Generated from `exporter/config.py` by `traefik-etcd-exporter config-reference`; a test",
-        "fails when this file is stale. Every field can be set in `exporter.yaml` or from the",
-        "environment as `EXPORTER_<SECTION>__<FIELD>` (lists and objects as JSON); the environment",
-        "wins. Relative paths are relative to the config file.",
-        "",
-        "| field | env | default | meaning |",
-        "|---|---|---|---|",
-    ]
-
-    def default_of(info: Any) -> str:
-        if info.default_factory is not None:
-            value = info.default_factory()
-            return "" if isinstance(value, BaseModel) else f"`{value!r}`"
-        return f"`{info.default!r}`" if info.default is not None else ""
-
-    def rows(model: type[BaseModel], path: list[str]) -> None:
-        for name, info in model.model_fields.items():
-            annotation = info.annotation
-            if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-                rows(annotation, [*path, name])
-                continue
-            field, env = ".".join([*path, name]), "EXPORTER_" + "__".join(p.upper() for p in [*path, name])
-            lines.append(f"| `{field}` | `{env}` | {default_of(info)} | {info.description or ''} |")
-
-    rows(Settings, [])
-    return "\n".join(lines) + "\n"
