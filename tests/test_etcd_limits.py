@@ -89,9 +89,9 @@ async def test_a_large_root_with_etcds_default_limits_is_told_which_flags_help()
         await rec.wait_synced(5)
         up = {"servers": [{"url": "http://127.0.0.1:9"}]}
         await rec.submit([record(f"i{n}", upstream=up) for n in range(1000)])
-        assert rec.advise_limits() is None  # 1,000: not yet
+        assert rec.advice.limits() is None  # 1,000: not yet
         await rec.submit([record("i1000", upstream=up)])
-        advice = rec.advise_limits()
+        advice = rec.advice.limits()
         assert advice is not None and advice.startswith("root traefik/worker_test holds 1001 ingresses: with etcd's --max-txn-ops 128")
         assert "--max-txn-ops 100000 --max-request-bytes 67108864" in advice
     finally:

@@ -136,3 +136,8 @@ def test_the_daemon_assigns_no_attribute_of_another_object() -> None:
             if isinstance(target, ast.Attribute) and not (isinstance(target.value, ast.Name) and target.value.id == "self"):
                 foreign.append(f"line {node.lineno}: {ast.unparse(target)}")
     assert foreign == []
+
+
+def test_no_module_over_350_lines() -> None:
+    long = {str(p.relative_to(PACKAGE.parent)): n for p in PACKAGE.rglob("*.py") if (n := len(p.read_text().splitlines())) > 350}
+    assert long == {}

@@ -27,7 +27,7 @@ def control_server(parts: Parts) -> web.Application:
     """
     reconciler = parts.reconciler
     routes = healthcheck_routes(parts.health, lambda owner: reconciler.store.get(owner) is not None, health_headers(parts))
-    routes += convergence_routes(parts.observer, reconciler.overlapping_roots, reconciler.pacer.backlog)
+    routes += convergence_routes(parts.observer, reconciler.advice.overlapping_roots, reconciler.pacer.backlog)
     routes += events_routes(parts.events)
     routes += StatusPages(parts.status).routes()
     settings = parts.settings

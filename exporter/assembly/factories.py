@@ -30,7 +30,8 @@ from ..roles import AlwaysLeader, LeaderPolicy
 from ..store.observed import Observed
 from ..store.records import RecordStore
 from ..traefik.api import TraefikApi
-from ..traefik.observer import State, TraefikObserver
+from ..traefik.diagnosis import State
+from ..traefik.observer import TraefikObserver
 
 if TYPE_CHECKING:
     from ..discovery import Discovery

@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -19,7 +18,7 @@ from loguru import logger
 from ..errors import EtcdUnavailable, TemplateError
 from ..etcd.limits import EtcdLimits, detect_limits
 from ..etcd.store import EtcdStore
-from ..keys import IngressRef, KeyLayout, overlapping_roots
+from ..keys import IngressRef, KeyLayout
 from ..plan.format import format_plan
 from ..plan.plan import Plan
 from ..plan.planner import Planner
@@ -32,15 +31,12 @@ from ..write.ledger import CommitLedger
 from ..write.pacer import Pacer
 from ..write.policies import FollowerRule, PacingRule
 from ..write.writer import Writer
+from .advice import Advice
 from .commit import Committer
 from .inbox import Inbox
 from .intents import Intents, answered
 from .loop import SHUTTING_DOWN, Cadence, Loop, Status
 from .mirror import Mirror
-
-# etcd's own --max-txn-ops, and the root size from which it costs Traefik (docs/operations.md).
-_DEFAULT_TXN_OPS = 128
-_LARGE_ROOT = 1000
 
 
 @dataclass(frozen=True)
@@ -101,6 +97,7 @@ class Reconciler:
         writer = Writer(etcd, self.ledger, max_ops=limits.max_ops, max_bytes=limits.max_bytes, max_in_flight=limits.max_in_flight)
         self._etcd, self._writer, self._limits = etcd, writer, limits
         self.detected: EtcdLimits | None = None
+        self.advice = Advice(layout, self.store, self.observed, lambda: self.detected)
         self._mirror = Mirror(
             etcd, layout, self.observed, self.store, writer, self.ledger,
             on_drift=self._drifted, on_stale=self._stale, idle_timeout=max(60.0, cadence.reconcile_interval * 2),
@@ -114,10 +111,8 @@ class Reconciler:
         self._loop = Loop(
             inbox=self._inbox, intents=self._intents, mirror=self._mirror, committer=committer, leader=leader,
             status=self.status, cadence=cadence, pacer=self.pacer, prepare=self._detect_limits,
-            after_full_pass=self._after_full_pass,
+            after_full_pass=self.advice.after_full_pass,
         )
-        self._advised = False
-        self._overlaps_told: set[tuple[str, str]] = set()
         self._layout = layout
         self._task: asyncio.Task[None] | None = None
 
@@ -154,40 +149,6 @@ class Reconciler:
             "etcd accepts {} operations and {} bytes per transaction (detected); writing up to {} operations, {} bytes",
             self.detected.max_txn_ops, self.detected.max_request_bytes, ops, size,
         )
-
-    def _after_full_pass(self) -> None:
-        if not self._advised and self.advise_limits() is not None:
-            self._advised = True
-        for outer, inner in self.overlapping_roots():
-            if (outer, inner) not in self._overlaps_told:
-                self._overlaps_told.add((outer, inner))
-                logger.warning(
-                    "root {} is a string prefix of root {}: Traefik watches its rootKey as a plain prefix, so every write "
-                    "under {} costs the Traefik of {} a full rebuild; add a segment after the authority in root_key "
-                    "(e.g. traefik/worker_{{authority}}/kv, docs/operations.md)", outer, inner, inner, outer,
-                )
-
-    def overlapping_roots(self) -> list[tuple[str, str]]:
-        """The pairs of roots this exporter writes where the first is a string prefix of the second."""
-        return overlapping_roots({self._layout.root(ref.authority) for ref in self.store.records})
-
-    def advise_limits(self) -> str | None:
-        """Once synced: with etcd's default limits and a root of more than 1,000 ingresses, the flags that would help (logged)."""
-        if self.detected is None or self.detected.max_txn_ops > _DEFAULT_TXN_OPS:
-            return None
-        roots = Counter(self._layout.root(ref.authority) for ref in self.store.records)
-        if not roots or (largest := roots.most_common(1)[0])[1] <= _LARGE_ROOT:
-            return None
-        root, ingresses = largest
-        keys = len(self.observed.under_root(root)) + ingresses  # and their records
-        advice = (
-            f"root {root} holds {ingresses} ingresses: with etcd's --max-txn-ops {self.detected.max_txn_ops}, writing all of "
-            f"them takes {-(-keys // self.detected.max_txn_ops)} transactions and Traefik rebuilds the root once for each; etcd "
-            f"--max-txn-ops 100000 --max-request-bytes 67108864 make it {-(-keys // 99_999)} (the cost: raft entries and gRPC "
-            "messages of up to 64 MiB in etcd's memory; docs/operations.md)"
-        )
-        logger.warning("{}", advice)
-        return advice
 
     # ----- requests
 
