@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from ..errors import EtcdError, EtcdUnavailable, ExporterError, StaleRevisionError
 from ..keys import IngressRef
-from ..store.records import Record, RecordStore
+from ..store.records import Record, RecordStore, supersedes
 
 NOT_WRITTEN = "etcd is unreachable; nothing was written"
 
@@ -164,7 +164,7 @@ def peer_verdict(wanted: Record, stored: Record | None) -> ExporterError | bool 
         return True
     if not wanted.removed and not stored.removed and wanted.content == stored.content:
         return True
-    if stored.revision > wanted.revision or (stored.revision == wanted.revision and not wanted.removed):
+    if not supersedes(wanted.revision, wanted.removed, stored):
         ref = wanted.key
         return StaleRevisionError(
             f"ingress {ref}: revision {stored.revision} was stored meanwhile",

@@ -84,6 +84,15 @@ class Record:
         return Record(ingress, stored_value(ingress.model_dump_json(), self.source, True, now), self.source, True, now)
 
 
+def supersedes(revision: int, removal: bool, other: Record) -> bool:
+    """True when a change at the coordinator's `revision` (a removal when `removal`) replaces `other`.
+
+    The one revision order of the exporter: a newer revision wins, and at the same revision a
+    removal wins over a live record (never the other way round).
+    """
+    return revision > other.revision or (revision == other.revision and removal and not other.removed)
+
+
 def decode_record(value: str) -> Record:
     """Parse a stored record value."""
     try:
@@ -167,9 +176,7 @@ class RecordStore:
         """
         current = self.latest(key)
         if current is not None and current is not record and (
-            (record is None and not current.removed) or (record is not None and (
-                current.revision > record.revision or (current.revision == record.revision and current.removed and not record.removed)
-            ))
+            (record is None and not current.removed) or (record is not None and supersedes(current.revision, current.removed, record))
         ):
             return
         self.set(key, record)

@@ -1,38 +1,30 @@
-"""The coordinator's revision rules (pure)."""
+"""The coordinator's revision rules for requests (pure), by the one revision order (`supersedes`)."""
 
 from __future__ import annotations
 
 from typing import Literal
 
 from ..errors import StaleRevisionError
-from .records import Record
+from .records import Record, supersedes
 
 
 def classify_upsert(stored: Record | None, incoming: Record) -> Literal["noop", "apply"]:
     """`noop` for a retry of what is stored, `apply` for a newer revision; raise on a stale one."""
-    if stored is None:
+    if stored is None or supersedes(incoming.revision, False, stored):
         return "apply"
+    if not stored.removed and incoming.revision == stored.revision and incoming.content == stored.content:
+        return "noop"
     authority, ingress_id = incoming.key
     if stored.removed:
-        if incoming.revision <= stored.revision:
-            raise StaleRevisionError(
-                f"ingress {authority}/{ingress_id}: revision {incoming.revision} is not newer than its removal at {stored.revision}",
-                {"authority": authority, "id": ingress_id, "stored_revision": stored.revision},
-            )
-        return "apply"
-    if incoming.revision < stored.revision:
-        raise StaleRevisionError(
-            f"ingress {authority}/{ingress_id}: revision {incoming.revision} is lower than the stored {stored.revision}",
-            {"authority": authority, "id": ingress_id, "stored_revision": stored.revision},
-        )
-    if incoming.revision == stored.revision:
-        if incoming.content == stored.content:
-            return "noop"
-        raise StaleRevisionError(
-            f"ingress {authority}/{ingress_id}: revision {incoming.revision} is stored with different content",
-            {"authority": authority, "id": ingress_id, "stored_revision": stored.revision},
-        )
-    return "apply"
+        why = f"is not newer than its removal at {stored.revision}"
+    elif incoming.revision < stored.revision:
+        why = f"is lower than the stored {stored.revision}"
+    else:
+        why = "is stored with different content"
+    raise StaleRevisionError(
+        f"ingress {authority}/{ingress_id}: revision {incoming.revision} {why}",
+        {"authority": authority, "id": ingress_id, "stored_revision": stored.revision},
+    )
 
 
 def classify_remove(stored: Record | None, authority: str, ingress_id: str, revision: int | None) -> Literal["noop", "apply"]:
@@ -42,7 +34,7 @@ def classify_remove(stored: Record | None, authority: str, ingress_id: str, revi
     """
     if stored is None or stored.removed:
         return "noop"
-    if revision is not None and revision < stored.revision:
+    if revision is not None and not supersedes(revision, True, stored):
         raise StaleRevisionError(
             f"ingress {authority}/{ingress_id}: remove at revision {revision} is older than the stored {stored.revision}",
             {"authority": authority, "id": ingress_id, "stored_revision": stored.revision},
