@@ -21,7 +21,7 @@ from loguru import logger
 from prometheus_client import Counter, Histogram
 
 from ..errors import ValidationFailed
-from ..ingress import Ingress, PluginUpstream
+from ..ingress import Ingress
 from ..keys import IngressRef
 from ..supervisor import Supervisor
 from . import report
@@ -131,7 +131,7 @@ class HealthEngine:
     def admit(self, ingress: Ingress) -> None:
         """Refuse an ingress whose upstream kind no installed plugin provides."""
         for loc, group in (("upstream", ingress.upstream), ("canary.upstream", ingress.canary.upstream if ingress.canary else None)):
-            if isinstance(group, PluginUpstream) and group.kind not in self.kinds:
+            if group is not None and group.needs_plugin and group.kind not in self.kinds:
                 raise ValidationFailed(
                     f"{loc}.kind: no checker plugin provides kind {group.kind!r}",
                     {"errors": [{"loc": f"ingresses.{ingress.authority}/{ingress.id}.{loc}.kind", "msg": f"unknown kind {group.kind!r}"}]},

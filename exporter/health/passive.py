@@ -19,7 +19,7 @@ from typing import Any
 
 from prometheus_client import Counter
 
-from ..ingress import AiProxyMultiUpstream, Ingress
+from ..ingress import Ingress
 from ..keys import IngressRef, KeyLayout
 from .accesslog import Request
 
@@ -77,8 +77,7 @@ def members_of(ingress: Ingress) -> list[tuple[str, list[tuple[str, float]]]]:
     for label, upstream in (("primary", ingress.upstream), ("canary", ingress.canary.upstream if ingress.canary else None)):
         if upstream is None:
             continue
-        members = upstream.instances if isinstance(upstream, AiProxyMultiUpstream) else upstream.servers
-        out.append((label, [(m.url, m.weight) for m in members]))
+        out.append((label, [(m.url, m.weight) for m in upstream.members()]))
     return out
 
 

@@ -13,7 +13,17 @@ from .errors import field_errors
 from .health import HealthCheck
 from .routing import IpStrategy
 from .tls import RouterTls, TlsDomain, UpstreamTls
-from .upstreams import AiProxyMultiUpstream, Canary, Instance, InstanceChecks, PluginUpstream, Server, ServersUpstream, Upstream
+from .upstreams import (
+    AiProxyMultiUpstream,
+    Canary,
+    Instance,
+    InstanceChecks,
+    PluginUpstream,
+    Server,
+    ServersUpstream,
+    Upstream,
+    named_instances,
+)
 from .values import parse_upstream_url, validate_entrypoint
 
 __all__ = [
@@ -39,6 +49,7 @@ __all__ = [
     "Upstream",
     "UpstreamTls",
     "field_errors",
+    "named_instances",
     "parse_upstream_url",
     "validate_entrypoint",
 ]

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any, Literal
+from collections.abc import Sequence
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import (
     Discriminator,
@@ -43,6 +44,12 @@ class ServersUpstream(Strict):
 
     kind: Literal["servers"] = "servers"
     servers: list[Server] = Field(min_length=1, max_length=MAX_SERVERS)
+    # Checked by the built-in checkers, not by a plugin.
+    needs_plugin: ClassVar[bool] = False
+
+    def members(self) -> Sequence[Server]:
+        """The group's members, each with its URL and weight."""
+        return self.servers
 
     @field_validator("servers")
     @classmethod
@@ -97,6 +104,11 @@ class AiProxyMultiUpstream(Strict):
 
     kind: Literal["ai-proxy-multi"]
     instances: list[Instance] = Field(min_length=1, max_length=MAX_INSTANCES)
+    needs_plugin: ClassVar[bool] = False
+
+    def members(self) -> Sequence[Instance]:
+        """The group's members, each with its URL and weight."""
+        return self.instances
 
     @field_validator("instances")
     @classmethod
@@ -121,6 +133,12 @@ class PluginUpstream(Strict):
     kind: str
     servers: list[Server] = Field(min_length=1, max_length=MAX_SERVERS)
     config: dict[str, _ConfigValue] = Field(default_factory=dict, max_length=32)
+    # Checked by the plugin that provides `kind`.
+    needs_plugin: ClassVar[bool] = True
+
+    def members(self) -> Sequence[Server]:
+        """The group's members, each with its URL and weight."""
+        return self.servers
 
     @field_validator("kind")
     @classmethod
@@ -146,6 +164,11 @@ Upstream = Annotated[
     | Annotated[PluginUpstream, Tag("plugin")],
     Discriminator(_upstream_tag),
 ]
+
+
+def named_instances(upstream: ServersUpstream | AiProxyMultiUpstream | PluginUpstream) -> Sequence[Instance] | None:
+    """The named instances of an upstream whose members are instances (None: plain servers)."""
+    return upstream.instances if isinstance(upstream, AiProxyMultiUpstream) else None
 
 
 def default_kind(value: Any) -> Any:

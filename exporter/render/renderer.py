@@ -31,6 +31,7 @@ from ..ingress import (
     RouterTls,
     ServersUpstream,
     field_errors,
+    named_instances,
 )
 from ..keys import IngressRef, KeyLayout
 from . import builtin
@@ -75,8 +76,9 @@ def traefik_weights(weights: Sequence[int | float]) -> list[int]:
 
 
 def _group(upstream: ServersUpstream | AiProxyMultiUpstream | PluginUpstream, ejected: frozenset[str]) -> dict[str, Any]:
-    if not isinstance(upstream, AiProxyMultiUpstream):
-        servers = [s for s in upstream.servers if s.url not in ejected]
+    instances = named_instances(upstream)
+    if instances is None:
+        servers = [s for s in upstream.members() if s.url not in ejected]
         weighted = [{"url": s.url, "weight": w} for s, w in zip(servers, traefik_weights([s.weight for s in servers]), strict=True)]
         return {
             "kind": "servers",  # plugin kinds render as a plain load balancer too
@@ -86,10 +88,9 @@ def _group(upstream: ServersUpstream | AiProxyMultiUpstream | PluginUpstream, ej
             # tcp://host:port -> host:port (the URL was validated: no path or credentials)
             "tcp_servers": [{"address": s.url.partition("://")[2].rstrip("/")} for s in servers],
         }
-    live = [i for i in upstream.instances if i.url not in ejected]
+    live = [i for i in instances if i.url not in ejected]
     weights = traefik_weights([i.weight for i in live])
-    instances = [{"name": i.name, "url": i.url, "weight": w} for i, w in zip(live, weights, strict=True)]
-    return {"kind": upstream.kind, "instances": instances}
+    return {"kind": upstream.kind, "instances": [{"name": i.name, "url": i.url, "weight": w} for i, w in zip(live, weights, strict=True)]}
 
 
 def _fast_fields(ingress: Ingress) -> dict[str, Any]:
@@ -143,7 +144,7 @@ def _ready(canary: Canary, group: dict[str, Any]) -> bool:
     """True while enough of the canary's servers are routable for it to get its weight (`min_ready`)."""
     routable = len(group.get("servers") or group.get("instances") or ())
     upstream = canary.upstream
-    total = len(upstream.instances if isinstance(upstream, AiProxyMultiUpstream) else upstream.servers)
+    total = len(upstream.members())
     need = total if canary.min_ready == "all" else canary.min_ready or 1
     return routable >= need
 
