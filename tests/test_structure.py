@@ -141,3 +141,22 @@ def test_the_daemon_assigns_no_attribute_of_another_object() -> None:
 def test_no_module_over_350_lines() -> None:
     long = {str(p.relative_to(PACKAGE.parent)): n for p in PACKAGE.rglob("*.py") if (n := len(p.read_text().splitlines())) > 350}
     assert long == {}
+
+
+def test_no_switch_on_an_upstream_kind_outside_the_ingress_model() -> None:
+    """What differs between upstream kinds is asked of the model (`members()`, `needs_plugin`), not switched on."""
+    from exporter.ingress import upstreams
+
+    models = ("Upstream", "Instance", "Server")
+    kinds = {name for name, value in vars(upstreams).items() if isinstance(value, type) and name.endswith(models)}
+    switches = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        if path.parent.name == "ingress":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "isinstance" and len(node.args) == 2:
+                named = {n.id for n in ast.walk(node.args[1]) if isinstance(n, ast.Name)} | {
+                    n.attr for n in ast.walk(node.args[1]) if isinstance(n, ast.Attribute)}
+                if named & kinds:
+                    switches.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno}")
+    assert len(kinds) >= 5 and switches == []
