@@ -87,6 +87,42 @@ def overlapping_roots(roots: Iterable[str]) -> list[tuple[str, str]]:
     return pairs
 
 
+class Labels:
+    """The label that stands for each authority in object names, and the authorities met so far.
+
+    A DNS-label authority is its own label; any other gets a derived one (`derived_label`),
+    which names no authority by itself: an object name is resolved back through the derived
+    labels of the authorities this table has labelled (every record the exporter holds is
+    labelled when it is planned or mirrored). The state is this table's alone; the layout
+    owns one.
+    """
+
+    def __init__(self) -> None:
+        # Derived labels met so far -> their authority.
+        self._derived: dict[str, str] = {}
+        # Authority -> its label: asked for several times per ingress planned, from few authorities.
+        self._known: dict[str, str] = {}
+
+    def label(self, authority: str) -> str:
+        """The label of `authority` (a derived one is remembered, so names made from it resolve back)."""
+        label = self._known.get(authority)
+        if label is not None:
+            return label
+        label = authority if _VERBATIM_RE.match(authority) and not authority.isdigit() else derived_label(authority)
+        if _looks_derived(label):
+            self._derived[label] = authority
+        if len(self._known) < _LABELS_KEPT:
+            self._known[authority] = label
+        return label
+
+    def authority(self, label: str) -> str | None:
+        """The authority `label` stands for; None for a derived label of an authority not labelled here."""
+        authority = self._derived.get(label)
+        if authority is not None:
+            return authority
+        return None if _looks_derived(label) or not _VERBATIM_RE.match(label) else label
+
+
 @dataclass(frozen=True)
 class KeyLayout:
     """Every key name the exporter reads or writes, built once from the settings."""
@@ -98,10 +134,8 @@ class KeyLayout:
     # Derived: the common prefix of every root (what the mirror lists and watches).
     roots_prefix: str = field(init=False)
     _root_depth: int = field(init=False)
-    # Derived labels met so far -> their authority (an object name is resolved back through it).
-    _derived: dict[str, str] = field(init=False, default_factory=dict, compare=False, repr=False)
-    # Authority -> its label: asked for several times per ingress planned, from few authorities.
-    _labels: dict[str, str] = field(init=False, default_factory=dict, compare=False, repr=False)
+    # The labels of the authorities met, through which object names resolve back (one per layout).
+    labels: Labels = field(init=False, default_factory=Labels, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         records = self.records_prefix.rstrip("/")
@@ -136,15 +170,7 @@ class KeyLayout:
 
     def object_label(self, authority: str) -> str:
         """The label that stands for `authority` in object names (the authority itself when it is a DNS label)."""
-        label = self._labels.get(authority)
-        if label is not None:
-            return label
-        label = authority if _VERBATIM_RE.match(authority) and not authority.isdigit() else derived_label(authority)
-        if _looks_derived(label):
-            self._derived[label] = authority
-        if len(self._labels) < _LABELS_KEPT:
-            self._labels[authority] = label
-        return label
+        return self.labels.label(authority)
 
     def object_key(self, ref: IngressRef) -> tuple[str, str]:
         """(label, id): how an ingress's objects are indexed by name."""
@@ -169,12 +195,8 @@ class KeyLayout:
         if named is None:
             return None
         label, ingress_id = named
-        authority = self._derived.get(label)
-        if authority is None:
-            if _looks_derived(label) or not _VERBATIM_RE.match(label):
-                return None
-            authority = label
-        return IngressRef(authority, ingress_id)
+        authority = self.labels.authority(label)
+        return IngressRef(authority, ingress_id) if authority is not None else None
 
     def object_of(self, key: str) -> str | None:
         """The object path (`<root>/<kind>/<section>/<name>`) a key under a root belongs to."""
