@@ -150,3 +150,19 @@ def test_a_409_naming_the_revision_a_remove_without_one_took_has_a_cause() -> No
     assert len(conflicts_with_cause([older, bare], stored)) == 1
     never = Request("a", "upsert", "c/x", 4, 4.0, 6.0, 409, refused_by=4)  # a revision etcd never held
     assert len(conflicts_with_cause([never, bare], stored)) == 1
+
+
+def test_every_planted_defect_finds_what_it_patches() -> None:
+    """A defect whose target was renamed fails loudly instead of planting nothing (each planted in a process of its own)."""
+    import subprocess
+    import sys
+
+    from bench.campaign.defects import DEFECTS
+
+    for name in DEFECTS:
+        code = f"from bench.campaign.defects import DEFECTS; DEFECTS[{name!r}]()"
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, (name, done.stderr[-2000:])
+    code = "import exporter.plan.guards as g; from bench.campaign.defects import DEFECTS; del g.order_changes; DEFECTS['keeps-keys']()"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode != 0 and "has no 'order_changes'" in done.stderr

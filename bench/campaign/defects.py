@@ -27,6 +27,9 @@ from exporter.store.revisions import classify_upsert
 
 
 def _patch(owner: object, name: str, value: object) -> None:
+    """Replace `owner.name`; fail loudly when it does not exist (a renamed target would plant nothing)."""
+    if not hasattr(owner, name):
+        raise SystemExit(f"planted defect: {getattr(owner, '__name__', owner)} has no {name!r}: the defect would plant nothing")
     setattr(owner, name, value)
 
 
