@@ -176,9 +176,9 @@ class TraefikObserver:
         history = self._observed.beacon_history(view.root)
         view.committed_revision = history[-1].revision if history else 0
         if self._unreachable_since is None:
-            previous, view.applied_revision = view.applied_revision, self._applied(view.root, history)
+            previous, view.applied_revision = view.applied_revision, _applied_revision(self._shown, view.root, history)
             if previous and view.applied_revision > previous:
-                self._applied_after(view, history, now)
+                _record_apply(view, history, now)
         behind = [w for w in history if w.revision > view.applied_revision]
         behind_since = behind[0].seen_at if behind else None
         view.lag_seconds = now - behind_since if behind_since is not None else 0.0
@@ -199,24 +199,6 @@ class TraefikObserver:
                 self._on_state(view.root, state, f"traefik {state} on {view.root} (committed {view.committed_revision}, "
                                    f"applied {view.applied_revision})")
         self._diagnosis.update(view, now)
-
-    @staticmethod
-    def _applied_after(view: RootConvergence, history: list[BeaconWrite], now: float) -> None:
-        # Seen applied at this poll: its apply time is from when the commit was seen to now
-        # (to within a poll: 50 ms while behind, 10 ms while a request waits).
-        write = next((w for w in reversed(history) if w.revision == view.applied_revision), None)
-        if write is not None:
-            view.applies.append(max(0.0, now - write.seen_at))
-            APPLY.labels(view.root).observe(view.applies[-1])
-
-    def _applied(self, root: str, history: list[BeaconWrite]) -> int:
-        shown_root, _, _token = (self._shown or "").partition(" ")
-        if shown_root != root:
-            return 0
-        for write in reversed(history):
-            if write.value == self._shown:
-                return write.revision
-        return 0  # older than anything this exporter has seen
 
     # ----- views
 
@@ -285,3 +267,23 @@ class TraefikObserver:
                 blocked = f": blocked by key {view.blocking_keys[0]}" if view.blocking_keys else ""
                 reasons.append(f"traefik frozen on {view.root}{blocked}")
         return reasons
+
+
+def _record_apply(view: RootConvergence, history: list[BeaconWrite], now: float) -> None:
+    """Seen applied at this poll: its apply time is from when the commit was seen to now
+    (to within a poll: 50 ms while behind, 10 ms while a request waits)."""
+    write = next((w for w in reversed(history) if w.revision == view.applied_revision), None)
+    if write is not None:
+        view.applies.append(max(0.0, now - write.seen_at))
+        APPLY.labels(view.root).observe(view.applies[-1])
+
+
+def _applied_revision(shown: str | None, root: str, history: list[BeaconWrite]) -> int:
+    """The revision of the beacon value Traefik shows for `root` (0: another root's, or older than anything seen)."""
+    shown_root, _, _token = (shown or "").partition(" ")
+    if shown_root != root:
+        return 0
+    for write in reversed(history):
+        if write.value == shown:
+            return write.revision
+    return 0
