@@ -80,8 +80,7 @@ class Daemon:
         self._tasks.append(self.parts.supervisor.spawn(name, run))
 
     def _shared_changed(self) -> None:
-        # Followers count the leader's states in their metrics and restart runs of servers it ejected.
-        self.parts.health.count_states()
+        # Followers restart runs of servers the leader ejected.
         if self.parts.passive is not None and self.parts.shared is not None:
             self.parts.passive.follow_leader(self.parts.shared.docs)
 

@@ -19,13 +19,11 @@ from typing import Any
 
 import redis.asyncio as aioredis
 from loguru import logger
-from prometheus_client import Counter, Gauge
 from redis.exceptions import RedisError
 
 from .config import Settings
+from .metrics import Metrics
 
-REGISTERED = Gauge("exporter_discovery_registered", "1 while the registration in service discovery is current")
-ERRORS = Counter("exporter_discovery_errors_total", "failed writes to the service-discovery Redis")
 KEY_PREFIX = "service_discovery"
 
 
@@ -94,13 +92,19 @@ class Discovery:
         """True while the registration is current."""
         return self._registered
 
-    def __init__(self, registration: Registration, url: str, *, password: str | None, ttl: int, heartbeat: float) -> None:
+    def __init__(
+        self, registration: Registration, url: str, *, password: str | None, ttl: int, heartbeat: float,
+        metrics: Metrics | None = None,
+    ) -> None:
         self.registration = registration
         self._redis = aioredis.Redis.from_url(url, password=password, socket_timeout=2.0, socket_connect_timeout=2.0)
         self._ttl = ttl
         self._heartbeat = heartbeat
         self._error: str | None = None
         self._registered = False
+        metrics = metrics or Metrics()
+        self._errors = metrics.discovery_errors
+        metrics.discovery_registered.read_from(lambda: [((), 1.0 if self._registered else 0.0)])
 
     async def run(self) -> None:
         """Register, then heartbeat until cancelled (retrying every second while Redis fails)."""
@@ -117,8 +121,7 @@ class Discovery:
                 pipe.expire(key, self._ttl)
                 await pipe.execute()
         except (RedisError, OSError) as exc:
-            ERRORS.inc()
-            REGISTERED.set(0)
+            self._errors.inc()
             self._registered = False
             if self._error is None:
                 logger.warning("service discovery: cannot register {} ({}); retrying", key, type(exc).__name__)
@@ -128,7 +131,6 @@ class Discovery:
             logger.info("service discovery: registered {} ({})", key, self.registration.display_name)
         self._error = None
         self._registered = True
-        REGISTERED.set(1)
 
     async def unregister(self) -> None:
         """Remove the registration (on shutdown) and close the connection."""
@@ -138,7 +140,7 @@ class Discovery:
         except (RedisError, OSError) as exc:
             logger.warning("service discovery: could not unregister ({}); it expires in {}s", type(exc).__name__, self._ttl)
         finally:
-            REGISTERED.set(0)
+            self._registered = False
             await self._redis.aclose()
 
     def readiness(self) -> list[str]:

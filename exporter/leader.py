@@ -18,13 +18,11 @@ import uuid
 from collections.abc import Callable
 
 from loguru import logger
-from prometheus_client import Gauge
 
 from .errors import EtcdError
 from .etcd.store import EtcdStore
 from .etcd.types import Compare, Op
-
-IS_LEADER = Gauge("exporter_leader", "1 while this exporter is the leader")
+from .metrics import Metrics
 
 
 def default_identity() -> str:
@@ -38,7 +36,9 @@ class Leadership:
     Listeners (`add_listener`) are told of every change of leadership (True: this exporter became leader).
     """
 
-    def __init__(self, etcd: EtcdStore, key: str, ttl: int = 10, *, identity: str | None = None) -> None:
+    def __init__(
+        self, etcd: EtcdStore, key: str, ttl: int = 10, *, identity: str | None = None, metrics: Metrics | None = None
+    ) -> None:
         self.etcd = etcd
         self.key = key
         self.ttl = ttl
@@ -50,6 +50,7 @@ class Leadership:
         self._lease = 0
         self._last_renewed = 0.0
         self._stopping = False
+        (metrics or Metrics()).leader.read_from(lambda: [((), 1.0 if self._leading else 0.0)])
 
     def is_leader(self) -> bool:
         """True while this exporter holds the election key."""
@@ -72,7 +73,6 @@ class Leadership:
     def _set(self, leader: bool, why: str) -> None:
         if leader != self._leading:
             self._leading = leader
-            IS_LEADER.set(1 if leader else 0)
             logger.info("{} leader ({}; key {} rev {})", "became" if leader else "is no longer", why, self.key, self.create_revision)
             for listener in self._listeners:
                 listener(leader)

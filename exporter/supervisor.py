@@ -16,9 +16,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from loguru import logger
-from prometheus_client import Counter
 
-RESTARTS = Counter("exporter_task_restarts_total", "long-running tasks restarted after a crash", ["task"])
+from .metrics import Metrics
 
 _BACKOFF_FIRST = 0.5
 _BACKOFF_MAX = 30.0
@@ -39,13 +38,14 @@ class Supervisor:
 
     def __init__(
         self, *, failing_after: int = 3, backoff_first: float = _BACKOFF_FIRST, backoff_max: float = _BACKOFF_MAX,
-        healthy_run: float = _HEALTHY_RUN,
+        healthy_run: float = _HEALTHY_RUN, metrics: Metrics | None = None,
     ) -> None:
         self._failing_after = failing_after
         self._healthy_run = healthy_run
         self._backoff_first = backoff_first
         self._backoff_max = backoff_max
         self._crashes: dict[str, _Crashes] = {}
+        self.metrics = metrics or Metrics()
 
     def spawn(self, name: str, run: Callable[[], Awaitable[None]], *, group: str | None = None) -> asyncio.Task[None]:
         """Start `run()` as a supervised task called `name`; `group` labels its restarts (default: the name)."""
@@ -69,7 +69,7 @@ class Supervisor:
                 crashes.in_a_row += 1
                 crashes.last_error = f"{type(exc).__name__}: {exc}"
                 crashes.running_since = None
-                RESTARTS.labels(group).inc()
+                self.metrics.task_restarts.labels(group).inc()
                 logger.opt(exception=exc).error(
                     "task {} crashed ({} in a row); restarting in {:.1f}s", name, crashes.in_a_row, backoff
                 )

@@ -275,7 +275,7 @@ async def _paced_pushes(
     try:
         behind = uid()
         assert (await client.upsert(behind, backend.url))[0] == 204  # written: Traefik had applied everything
-        latest = daemon.parts.reconciler.observed.latest_beacon(ROOT)
+        latest = daemon.parts.reconciler.observed.beacons.latest(ROOT)
         assert latest is not None
         mark = latest.revision
         paced = [uid() for _ in range(5)]
@@ -302,7 +302,7 @@ async def _paced_pushes(
 
 
 def _beacons_after(daemon: Daemon, revision: int) -> int:
-    return sum(1 for w in daemon.parts.reconciler.observed.beacon_history(ROOT) if w.revision > revision)
+    return sum(1 for w in daemon.parts.reconciler.observed.beacons.history(ROOT) if w.revision > revision)
 
 
 async def _state_is(client: Client, state: str) -> dict[str, Any] | None:

@@ -32,13 +32,13 @@ class Traefik:
 
     def behind(self, root: str) -> bool:
         assert self.reconciler is not None
-        latest = self.reconciler.observed.latest_beacon(root)
+        latest = self.reconciler.observed.beacons.latest(root)
         return latest is not None and latest.revision > self.applied
 
     def apply(self) -> None:
         """Traefik shows the newest beacon; the observer's check then tells the reconciler."""
         assert self.reconciler is not None
-        latest = self.reconciler.observed.latest_beacon(ROOT)
+        latest = self.reconciler.observed.beacons.latest(ROOT)
         self.applied = latest.revision if latest else 0
         self.reconciler.traefik_checked()
 

@@ -16,11 +16,12 @@ from loguru import logger
 from exporter.daemon import Daemon
 from exporter.embedded import EmbeddedEtcd, EmbeddedTraefik, free_port
 from exporter.health.checkers import CheckConfig, CheckerTarget, Node
-from exporter.health.engine import PLUGIN_ERRORS, HealthEngine
+from exporter.health.engine import HealthEngine
 from exporter.health.state import State
 from exporter.ingress import HealthCheck, Ingress, PluginUpstream
 from exporter.keys import IngressRef
-from exporter.supervisor import RESTARTS, Supervisor
+from exporter.metrics import Metrics
+from exporter.supervisor import Supervisor
 from tests.conftest import settings_for
 from tests.helpers import eventually, uid
 
@@ -33,8 +34,8 @@ def logged() -> Iterator[list[str]]:
     logger.remove(sink)
 
 
-def _restarts(group: str) -> float:
-    return float(RESTARTS.labels(group)._value.get())
+def _restarts(supervisor: Supervisor, group: str) -> float:
+    return supervisor.metrics.value("exporter_task_restarts_total", {"task": group})
 
 
 async def _true(value: bool) -> bool:
@@ -54,10 +55,9 @@ async def test_a_crash_is_logged_with_its_traceback_counted_and_restarted(logged
         done.set()
         await asyncio.Event().wait()
 
-    before = _restarts("flaky")
     task = supervisor.spawn("flaky", flaky)
     await asyncio.wait_for(done.wait(), 5)
-    assert runs == 2 and _restarts("flaky") == before + 1
+    assert runs == 2 and _restarts(supervisor, "flaky") == 1
     crash = next(line for line in logged if "task flaky crashed" in line)
     assert "Traceback" in crash and "boom in the first run" in crash
     # One crash, then running: not failing.
@@ -75,9 +75,8 @@ async def test_a_task_that_keeps_failing_is_named_until_a_run_lasts() -> None:
             raise ValueError("still broken")
         await asyncio.Event().wait()
 
-    before = _restarts("checks")
     task = supervisor.spawn("failing", failing, group="checks")
-    await eventually(lambda: _true(_restarts("checks") >= before + 3))
+    await eventually(lambda: _true(_restarts(supervisor, "checks") >= 3))
     [reason] = supervisor.readiness()
     assert reason.startswith("task failing keeps failing (") and reason.endswith(" crashes in a row): ValueError: still broken")
     broken = False
@@ -139,12 +138,12 @@ class Replans:
 
 async def test_a_plugin_probe_that_raises_is_a_failed_probe_and_checking_goes_on(logged: list[str]) -> None:
     kind = RaisingKind()
-    engine = HealthEngine({"raising": kind}, Replans())
+    metrics = Metrics()
+    engine = HealthEngine({"raising": kind}, Replans(), metrics=metrics)
     ref = IngressRef("test", "raising")
     url = "http://127.0.0.1:9"
     upstream = {"kind": "raising", "servers": [{"url": url}]}
     ingress = Ingress.model_validate({"authority": "test", "id": "raising", "revision": 1, "hosts": ["raising.test"], "upstream": upstream})
-    errors = PLUGIN_ERRORS.labels("raising")._value.get()
     engine.update(ref, ingress)
     await engine.start()
     try:
@@ -152,7 +151,7 @@ async def test_a_plugin_probe_that_raises_is_a_failed_probe_and_checking_goes_on
         node = engine.node(ref, url)
         assert node is not None and node.state == State.UNHEALTHY and node.counter()["http_failure"] >= 2
         assert url in engine.ejected(ref, ingress)
-        assert PLUGIN_ERRORS.labels("raising")._value.get() >= errors + 4
+        assert metrics.value("exporter_health_plugin_errors_total", {"plugin": "raising"}) >= 4
         # Logged once with its traceback, not once per probe.
         raised = [line for line in logged if "plugin raising raised probing" in line]
         assert len(raised) == 1 and "KeyError" in raised[0] and "Traceback" in raised[0]

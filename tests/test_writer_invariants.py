@@ -16,7 +16,6 @@ from exporter.etcd.client import EtcdClient
 from exporter.keys import IngressRef
 from exporter.reconcile import Reconciler
 from exporter.store.records import Removal
-from exporter.write import metrics
 from tests.conftest import ROOT, Ingresses, settings_for
 from tests.helpers import (
     AUTHORITY,
@@ -105,10 +104,10 @@ async def test_a_foreign_edit_between_plan_and_commit_is_repaired_once_the_watch
         async def hijack() -> None:
             await etcd_client.put(url_key, "http://127.0.0.1:9")
 
-        conflicts = metrics.TXNS.labels("conflict")._value.get()
+        conflicts = rec.metrics.value("exporter_etcd_txns_total", {"result": "conflict"})
         hooked.before_txn = hijack
         await rec.submit([record(iid, revision=2, upstream=servers(backends[0]), path_prefix="/v2")])
-        assert metrics.TXNS.labels("conflict")._value.get() == conflicts
+        assert rec.metrics.value("exporter_etcd_txns_total", {"result": "conflict"}) == conflicts
         kv = await etcd_client.get(rule_key)
         assert kv is not None and kv.value == f"Host(`{iid}.test`) && PathPrefix(`/v2`)"
         await eventually(lambda: _value(etcd_client, url_key, backends[0].url))

@@ -37,7 +37,7 @@ def control_server(parts: Parts) -> web.Application:
         required, login = token_required(settings.secret("api.token"), settings.secret("api.jwt_secret"), settings.control.open_paths)
         middlewares.append(required)
         routes += login
-    return control_app(parts.readiness.reasons, routes, middlewares)
+    return control_app(parts.readiness.reasons, parts.metrics.registry, routes, middlewares)
 
 
 def health_headers(parts: Parts) -> Callable[[], dict[str, str]]:
@@ -72,7 +72,7 @@ def push_api(parts: Parts) -> web.Application | None:
         logger.warning("push API on {} accepts requests without a token (loopback only)", api.listen)
     return push_api_app(
         parts.reconciler, token=token, jwt_secret=jwt_secret, max_body_bytes=api.max_body_bytes,
-        ready=parts.readiness.accepting, serving=parts.serving, refused=parts.events.refused,
+        ready=parts.readiness.accepting, serving=parts.serving, refused=parts.events.refused, metrics=parts.metrics,
     )
 
 

@@ -20,6 +20,7 @@ from ..health.reports import PassiveReports
 from ..ingress import Ingress
 from ..keys import IngressRef, KeyLayout
 from ..leader import Leadership
+from ..metrics import Metrics
 from ..plan.planner import Planner
 from ..reconcile import Cadence, Collaborators, Reconciler, TxnLimits
 from ..render.ca_files import CaFiles
@@ -98,17 +99,19 @@ def build_reconciler(
 
 def observer(
     settings: Settings, layout: KeyLayout, observed: Observed, store: RecordStore,
-    on_state: Callable[[str, State, str], None],
+    on_state: Callable[[str, State, str], None], metrics: Metrics,
 ) -> TraefikObserver | None:
     """The observer of what Traefik serves (None without `traefik.api_url`)."""
     t = settings.traefik
     if t.api_url is None:
         return None
-    api = TraefikApi(t.api_url, username=t.username, password=settings.secret("traefik.password"))
-    return TraefikObserver(api, layout, observed, store, max_lag=t.max_lag, poll_interval=t.poll_interval, on_state=on_state)
+    api = TraefikApi(t.api_url, username=t.username, password=settings.secret("traefik.password"), metrics=metrics)
+    return TraefikObserver(
+        api, layout, observed, store, max_lag=t.max_lag, poll_interval=t.poll_interval, on_state=on_state, metrics=metrics
+    )
 
 
-def passive(settings: Settings, layout: KeyLayout) -> PassiveHealth | None:
+def passive(settings: Settings, layout: KeyLayout, metrics: Metrics) -> PassiveHealth | None:
     """Passive health's policy and state (None without an access log)."""
     p = settings.health.passive
     if p.access_log is None:
@@ -117,14 +120,16 @@ def passive(settings: Settings, layout: KeyLayout) -> PassiveHealth | None:
         max_failures=p.max_failures, failure_statuses=frozenset(p.failure_statuses), base_ejection_time=p.base_ejection_time,
         max_ejection_time=max(p.max_ejection_time, p.base_ejection_time), max_ejection_percent=p.max_ejection_percent,
     )
-    return PassiveHealth(policy, layout)
+    return PassiveHealth(policy, layout, metrics=metrics)
 
 
-def notifier(settings: Settings, leader: LeaderPolicy, ingress_of: Callable[[IngressRef], Ingress | None]) -> Notifier | None:
+def notifier(
+    settings: Settings, leader: LeaderPolicy, ingress_of: Callable[[IngressRef], Ingress | None], metrics: Metrics
+) -> Notifier | None:
     """The notifier of the coordinator (None without `health.notify_url`)."""
     if settings.health.notify_url is None:
         return None
-    return Notifier(settings.health.notify_url, settings.secret("health.notify_token"), leader, ingress_of)
+    return Notifier(settings.health.notify_url, settings.secret("health.notify_token"), leader, ingress_of, metrics=metrics)
 
 
 def passive_monitor(
@@ -143,7 +148,7 @@ def passive_monitor(
     )
 
 
-def discovery(settings: Settings) -> Discovery | None:
+def discovery(settings: Settings, metrics: Metrics) -> Discovery | None:
     """Backend.AI service discovery (None without `discovery.redis_url`)."""
     d = settings.discovery
     if d.redis_url is None:
@@ -153,4 +158,4 @@ def discovery(settings: Settings) -> Discovery | None:
 
     heartbeat = d.heartbeat if d.heartbeat is not None else d.ttl / 3
     return Discovery(registration_of(settings, __version__), d.redis_url, password=settings.secret("discovery.password"),
-                     ttl=d.ttl, heartbeat=heartbeat)
+                     ttl=d.ttl, heartbeat=heartbeat, metrics=metrics)

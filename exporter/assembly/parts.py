@@ -19,6 +19,7 @@ from ..health.passive_monitor import PassiveMonitor
 from ..health.shared import SharedHealth
 from ..keys import KeyLayout
 from ..leader import Leadership
+from ..metrics import Metrics
 from ..reconcile import Collaborators, Inbox, Reconciler
 from ..render.edge import EdgePolicy
 from ..render.renderer import Renderer
@@ -42,6 +43,7 @@ class Parts:
 
     settings: Settings
     layout: KeyLayout
+    metrics: Metrics
     supervisor: Supervisor
     etcd: EtcdClient
     events: EventRing
@@ -64,30 +66,34 @@ class Parts:
 def assemble(settings: Settings, dry_run: bool = False) -> Parts:
     """Build every part the settings describe (a dry run campaigns for nothing: it writes no election key)."""
     layout = settings.layout()
-    supervisor = Supervisor()
+    metrics = Metrics()
+    supervisor = Supervisor(metrics=metrics)
     etcd = factories.etcd_client(settings)
     inbox, observed, store = Inbox(), Observed(layout), RecordStore()
-    leadership, shared = _election(settings, etcd, layout) if settings.leader.enabled and not dry_run else (None, None)
-    notifier = factories.notifier(settings, leadership or AlwaysLeader(), store.ingress_of)
+    leadership, shared = _election(settings, etcd, layout, metrics) if settings.leader.enabled and not dry_run else (None, None)
+    notifier = factories.notifier(settings, leadership or AlwaysLeader(), store.ingress_of, metrics)
     events = EventRing(forward=notifier)
     if leadership is not None:
         identity = leadership.identity
         leadership.add_listener(lambda leads: events.add("leadership", f"{identity} {'leads' if leads else 'no longer leads'}"))
-    passive = factories.passive(settings, layout)
+    passive = factories.passive(settings, layout, metrics)
     health = HealthEngine(load_kinds(BUILTIN), inbox, concurrency=settings.health.concurrency, shared=shared,
-                          rendered_urls=observed.server_urls, passive=passive, transitions=events, supervisor=supervisor)
+                          rendered_urls=observed.server_urls, passive=passive, transitions=events, supervisor=supervisor,
+                          metrics=metrics)
     store.add_listener(health.update)
     edge = factories.edge_policy(settings)
+    metrics.ca_file_ok.read_from(edge.ca_files.states)
     renderer = factories.renderer_for(settings, layout, edge)
     observer = factories.observer(
-        settings, layout, observed, store, on_state=lambda root, state, _text: events.add("traefik", f"{state} on {root}")
+        settings, layout, observed, store, on_state=lambda root, state, _text: events.add("traefik", f"{state} on {root}"),
+        metrics=metrics,
     )
     reconciler = factories.build_reconciler(
         settings, etcd, dry_run=dry_run, layout=layout, renderer=renderer,
         shared=Collaborators(
             store=store, observed=observed, inbox=inbox, leader=leadership or AlwaysLeader(),
             ejections=health, admission=AllOf(health, edge), supervisor=supervisor,
-            behind=observer.behind if observer is not None else None,
+            behind=observer.behind if observer is not None else None, metrics=metrics,
         ),
     )
     if observer is not None:
@@ -97,26 +103,33 @@ def assemble(settings: Settings, dry_run: bool = False) -> Parts:
         pending=reconciler.keys_pending,
     )
     files = IngressFiles(settings.sources.files, reconciler, settings.sources.max_file_bytes)
-    discovery = factories.discovery(settings)
+    discovery = factories.discovery(settings, metrics)
     readiness = Readiness(etcd, reconciler, files, edge.ca_files, supervisor, leadership, observer, discovery)
     return Parts(
-        settings=settings, layout=layout, supervisor=supervisor, etcd=etcd, events=events, health=health, edge=edge,
+        settings=settings, layout=layout, metrics=metrics, supervisor=supervisor, etcd=etcd, events=events, health=health, edge=edge,
         renderer=renderer, reconciler=reconciler, serving=serving, files=files, readiness=readiness,
-        status=StatusView(
-            version=__version__, reconciler=reconciler, serving=serving, observer=observer, health=health, events=events,
-            readiness=readiness.reasons, role=lambda: _role(leadership), etcd_reachable=lambda: etcd.reachability().reachable,
-            discovery=lambda: discovery.registered if discovery is not None else None,
-        ),
+        status=_status(etcd, reconciler, serving, observer, health, events, readiness, leadership, discovery),
         leadership=leadership, shared=shared, notifier=notifier, observer=observer,
         passive=factories.passive_monitor(settings, layout, passive, health, store.ingress_of, leadership),
         discovery=discovery,
     )
 
 
-def _election(settings: Settings, etcd: EtcdClient, layout: KeyLayout) -> tuple[Leadership, SharedHealth]:
+def _election(settings: Settings, etcd: EtcdClient, layout: KeyLayout, metrics: Metrics) -> tuple[Leadership, SharedHealth]:
     """The campaign for the root's election key, and the health states shared through it."""
-    leadership = Leadership(etcd, layout.election_key, settings.leader.ttl)
+    leadership = Leadership(etcd, layout.election_key, settings.leader.ttl, metrics=metrics)
     return leadership, SharedHealth(etcd, layout, leadership.identity, leadership)
+
+
+def _status(
+    etcd: EtcdClient, reconciler: Reconciler, serving: Serving, observer: TraefikObserver | None, health: HealthEngine,
+    events: EventRing, readiness: Readiness, leadership: Leadership | None, discovery: Discovery | None,
+) -> StatusView:
+    return StatusView(
+        version=__version__, reconciler=reconciler, serving=serving, observer=observer, health=health, events=events,
+        readiness=readiness.reasons, role=lambda: _role(leadership), etcd_reachable=lambda: etcd.reachability().reachable,
+        discovery=lambda: discovery.registered if discovery is not None else None,
+    )
 
 
 def _role(leadership: Leadership | None) -> dict[str, Any]:

@@ -6,15 +6,17 @@ from collections.abc import Callable
 
 from aiohttp import web
 from aiohttp.typedefs import Middleware
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 Readiness = Callable[[], list[str]]
 
 
 def control_app(
-    readiness: Readiness, extra_routes: list[web.RouteDef] | None = None, middlewares: list[Middleware] | None = None
+    readiness: Readiness, registry: CollectorRegistry, extra_routes: list[web.RouteDef] | None = None,
+    middlewares: list[Middleware] | None = None,
 ) -> web.Application:
-    """The aiohttp application; `readiness` returns the reasons the daemon is not ready (empty: ready)."""
+    """The aiohttp application; `readiness` returns the reasons the daemon is not ready (empty: ready);
+    /metrics serves `registry`."""
 
     async def healthz(_request: web.Request) -> web.Response:
         return web.json_response({"status": "ok"})
@@ -26,7 +28,7 @@ def control_app(
         return web.json_response({"status": "ready", "reasons": []})
 
     async def metrics(_request: web.Request) -> web.Response:
-        body = generate_latest()
+        body = generate_latest(registry)
         return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     app = web.Application(middlewares=middlewares or [])

@@ -12,25 +12,24 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, Protocol
 
 from loguru import logger
-from prometheus_client import Counter, Histogram
 
 from ..errors import ValidationFailed
 from ..ingress import Ingress
 from ..keys import IngressRef
+from ..metrics import Metrics, Sample
 from ..supervisor import Supervisor
 from . import report
-from .checkers import CheckerKind, CheckerTarget, Node, targets_of
+from .checkers import CheckerKind, CheckerTarget, targets_of
 from .notify import Transitions
 from .passive import PassiveHealth
-from .probes import http_probe, tcp_probe
+from .schedule import Prober, probe_target
 from .shared import SharedHealth
-from .state import NodeHealth, State, Thresholds
+from .state import NodeHealth, State
 
 
 class Replan(Protocol):
@@ -39,55 +38,6 @@ class Replan(Protocol):
     def mark_dirty(self, refs: Sequence[IngressRef], reason: str) -> None:
         """Re-plan these ingresses soon."""
         ...
-
-PROBES = Counter("exporter_health_probes_total", "health probes by result", ["result"])
-PLUGIN_ERRORS = Counter("exporter_health_plugin_errors_total", "checker plugin probes that raised (counted as failures)", ["plugin"])
-TRANSITIONS = Counter("exporter_health_transitions_total", "node routing changes", ["to"])
-LAG = Histogram(
-    "exporter_health_schedule_lag_seconds", "how late probes start against their schedule",
-    buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 5),
-)
-
-
-class Prober:
-    """Probes one node of a target, at most `concurrency` at once; a plugin that raises is a failed probe."""
-
-    def __init__(self, concurrency: int) -> None:
-        self._limit = asyncio.Semaphore(concurrency)
-        # Targets and nodes whose plugin raised (logged once, until it answers again).
-        self._raising: set[str] = set()
-
-    def forget(self, target_name: str) -> None:
-        """A target is gone: forget its raising nodes."""
-        if self._raising:
-            self._raising = {w for w in self._raising if not w.startswith(target_name + " ")}
-
-    async def probe(self, target: CheckerTarget, node: Node) -> Any:
-        """The outcome of one probe of `node`."""
-        async with self._limit:
-            if target.probe is not None:
-                return await self._plugin_probe(target, node)
-            if target.check.type == "tcp":
-                return await tcp_probe(node, target.check)
-            return await http_probe(node, target.check)
-
-    async def _plugin_probe(self, target: CheckerTarget, node: Node) -> Any:
-        # A plugin's probe that raises is a failed probe of that node; checking goes on.
-        assert target.probe is not None
-        where = f"{target.name} {node.url}"
-        try:
-            outcome = await target.probe(node, target.check)
-        except Exception as exc:  # noqa: BLE001 - a broken plugin must not stop checking its target
-            PLUGIN_ERRORS.labels(target.plugin or "unnamed").inc()
-            if where not in self._raising:
-                self._raising.add(where)
-                logger.opt(exception=exc).error("health: plugin {} raised probing {}; counted as a failed probe", target.plugin, where)
-            return "tcp_failure" if target.check.type == "tcp" else "http_failure"
-        if where in self._raising:
-            self._raising.discard(where)
-            logger.info("health: plugin {} probes {} again", target.plugin, where)
-        return outcome
-
 
 class HealthEngine:
     """Node states for every checked ingress; `ejected()` is what rendering leaves out."""
@@ -104,16 +54,19 @@ class HealthEngine:
         transitions: Transitions | None = None,
         clock: Callable[[], float] = time.monotonic,
         supervisor: Supervisor | None = None,
+        metrics: Metrics | None = None,
     ) -> None:
         """`shared`: set on every exporter sharing a root (followers read the leader's states from it);
         `rendered_urls`: the server URLs an ingress's load balancers hold in etcd right now;
         `passive`: passive health, whose ejections add to the probes'; `transitions`: told of every
         routed / not routed change of a node (the leader's notifications); `supervisor`: runs the
-        probe tasks (a crash is logged, counted and restarted)."""
+        probe tasks (a crash is logged, counted and restarted); `metrics`: where probes are counted."""
         self.kinds = kinds
         self._replan = replan
         self._clock = clock
-        self._prober = Prober(concurrency)
+        self._metrics = metrics or Metrics()
+        self._prober = Prober(concurrency, self._metrics)
+        self._metrics.health_nodes.read_from(self.state_counts)
         self._checked: dict[IngressRef, dict[str, report.Checked]] = {}
         self._running = False
         self._shared = shared
@@ -140,7 +93,6 @@ class HealthEngine:
     def update(self, owner: IngressRef, ingress: Ingress | None) -> None:
         """Follow a record change: keep states of nodes that stay, start new ones, drop the rest."""
         old = self._checked.pop(owner, {})
-        checked_before = bool(old)
         new: dict[str, report.Checked] = {}
         for target in self.targets_of(ingress) if ingress is not None else []:
             previous = old.pop(target.name, None)
@@ -161,8 +113,6 @@ class HealthEngine:
             self.passive.forget(owner)
         if new:
             self._checked[owner] = new
-        if new or checked_before:  # the gauge walks every node: not for the many ingresses without checks
-            self.count_states()
         if self._running and self._shared is not None and (old or ingress is None):
             self._shared.publish([owner])
 
@@ -235,7 +185,6 @@ class HealthEngine:
 
     def routing_changed(self, owner: IngressRef, node: str, routed: bool, reason: str, announce: bool = True) -> None:
         """A node of `owner` starts or stops being routed: re-plan the ingress, publish, notify (when `announce`)."""
-        self.count_states()
         self._replan.mark_dirty([owner], "health")
         if self._shared is not None:
             self._shared.publish([owner])
@@ -254,44 +203,23 @@ class HealthEngine:
                 checked.task = None
 
     async def _run(self, owner: IngressRef, name: str) -> None:
-        checked = self._checked.get(owner, {}).get(name)
-        if checked is None:
-            return
-        # First probe within a second (new servers get no traffic until it succeeds), spread
-        # over the interval so thousands of targets do not fire in one burst every period.
-        due = self._clock() + random.uniform(0, min(1.0, checked.target.check.interval))
-        while True:
-            await asyncio.sleep(max(0.0, due - self._clock()))
-            checked = self._checked.get(owner, {}).get(name)
-            if checked is None:
-                return
-            LAG.observe(max(0.0, self._clock() - due))
-            target, check = checked.target, checked.target.check
-            outcomes = await asyncio.gather(*(self._prober.probe(target, node) for node in target.nodes))
-            now = self._clock()
-            limits = Thresholds(successes=1, failures=check.max_retries, initial_delay=check.initial_delay)
-            for node, outcome in zip(target.nodes, outcomes, strict=True):
-                health = checked.nodes.get(node.url)
-                if health is None:
-                    continue
-                PROBES.labels(outcome).inc()
-                health.checked_at, health.last_outcome = time.time(), str(outcome)
-                if outcome == "success":
-                    health.success_at = health.checked_at
-                if health.record(outcome, now, limits):
-                    TRANSITIONS.labels(health.state.value).inc()
-                    logger.info("health: {} {} is now {} ({})", name, node.url, health.state.value, outcome)
-                    if self.passive is None or node.url not in self.passive.ejected(owner):
-                        self.routing_changed(owner, node.url, health.routed, f"active: {outcome}")
-            due += check.interval * random.uniform(0.95, 1.05)
-            due = max(due, self._clock())
+        def changed(node: str, health: NodeHealth, outcome: str) -> None:
+            logger.info("health: {} {} is now {} ({})", name, node, health.state.value, outcome)
+            if self.passive is None or node not in self.passive.ejected(owner):
+                self.routing_changed(owner, node, health.routed, f"active: {outcome}")
 
-    def count_states(self) -> None:
-        """Refresh the nodes-by-state gauge (from the published states on a follower)."""
+        await probe_target(lambda: self._checked.get(owner, {}).get(name), self._prober, self._clock, self._metrics, changed)
+
+    def state_counts(self) -> list[Sample]:
+        """Checked nodes per state, from the published states on a follower (the gauge, read at scrape)."""
         if (shared := self._followed()) is not None:
-            report.count_states(State(n["status"]) for d in shared.docs.values() for n in d.get("nodes", {}).values())
+            states: Iterable[State] = (State(n["status"]) for d in shared.docs.values() for n in d.get("nodes", {}).values())
         else:
-            report.count_states(h.state for t in self._checked.values() for c in t.values() for h in c.nodes.values())
+            states = (h.state for t in self._checked.values() for c in t.values() for h in c.nodes.values())
+        counts = dict.fromkeys(State, 0)
+        for state in states:
+            counts[state] += 1
+        return [((state.value,), float(count)) for state, count in counts.items()]
 
     def _followed(self) -> SharedHealth | None:
         # Not probing, with a leader to read from: report and render the published states.

@@ -19,16 +19,12 @@ from typing import Any, Protocol
 
 import aiohttp
 from loguru import logger
-from prometheus_client import Counter, Gauge
 
 from ..ingress import Ingress
 from ..keys import IngressRef
+from ..metrics import Metrics
 from ..roles import LeaderPolicy
 from .passive import group_of
-
-SENT = Counter("exporter_health_notifications_total", "node transitions delivered to health.notify_url")
-FAILED = Counter("exporter_health_notification_failures_total", "requests to health.notify_url that got no 2xx")
-PENDING = Gauge("exporter_health_notifications_pending", "node transitions waiting to be delivered")
 
 
 class Transitions(Protocol):
@@ -49,6 +45,7 @@ class Notifier:
     def __init__(
         self, url: str, token: str | None, leader: LeaderPolicy, ingress_of: Callable[[IngressRef], Ingress | None], *,
         min_interval: float = 1.0, max_backoff: float = 30.0, timeout: float = 10.0, max_batch: int = 1000,
+        metrics: Metrics | None = None,
     ) -> None:
         self._url = url
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
@@ -60,6 +57,8 @@ class Notifier:
         self._max_batch = max_batch
         self._pending: deque[dict[str, Any]] = deque()
         self._wake = asyncio.Event()
+        self._metrics = metrics or Metrics()
+        self._metrics.notifications_pending.read_from(lambda: [((), float(len(self._pending)))])
 
     def transition(self, owner: IngressRef, node: str, routed: bool, reason: str) -> None:
         """Queue one event (ignored when this exporter is not the leader)."""
@@ -70,7 +69,6 @@ class Notifier:
             "from": _state(not routed), "to": _state(routed), "reason": reason,
             "at": datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z"),
         })
-        PENDING.set(len(self._pending))
         self._wake.set()
 
     async def run(self) -> None:
@@ -90,12 +88,11 @@ class Notifier:
                     if await self._send(session, batch):
                         for _ in batch:
                             self._pending.popleft()
-                        SENT.inc(len(batch))
+                        self._metrics.notifications.inc(len(batch))
                         backoff = 0.5
                     else:
                         await asyncio.sleep(backoff)
                         backoff = min(backoff * 2, self._max_backoff)
-                PENDING.set(len(self._pending))
                 if not self._pending:
                     self._wake.clear()
 
@@ -107,6 +104,6 @@ class Notifier:
                 reason = f"HTTP {response.status}"
         except (TimeoutError, aiohttp.ClientError) as exc:
             reason = type(exc).__name__
-        FAILED.inc()
+        self._metrics.notification_failures.inc()
         logger.warning("health notification of {} events not delivered ({}); will retry", len(batch), reason)
         return False

@@ -17,17 +17,13 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from prometheus_client import Counter
-
 from ..ingress import Ingress
 from ..keys import IngressRef, KeyLayout
+from ..metrics import Metrics
 from .accesslog import Request
 
-FAILURES = Counter("exporter_health_passive_failures_total", "failed requests to a server seen in this sidecar's access log")
 # The server and instance URLs of a stored ingress (empty when there is none).
 UrlsOf = Callable[[IngressRef], frozenset[str]]
-
-EJECTIONS = Counter("exporter_health_passive_ejections_total", "servers ejected by passive health")
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,6 +105,7 @@ class PassiveHealth:
     returned: dict[tuple[IngressRef, str], tuple[int, float]] = field(default_factory=dict)
     # On a follower: the servers the leader's published documents say are passively ejected.
     published_ejections: dict[IngressRef, frozenset[str]] = field(default_factory=dict)
+    metrics: Metrics = field(default_factory=Metrics)
 
     # ----- observations
 
@@ -128,7 +125,7 @@ class PassiveHealth:
             runs = self.runs.setdefault(owner, {})
             run = runs.get(request.url)
             if request.failed:
-                FAILURES.inc()
+                self.metrics.passive_failures.inc()
                 if run is None:
                     run = runs[request.url] = Run(0, now)
                 run.count += 1
@@ -211,7 +208,7 @@ class PassiveHealth:
                 n = last_n + 1 if now - returned_at < self.policy.max_ejection_time else 1
                 current[url] = Ejection(until=now + self.policy.ejection_time(n), n=n, at=now)
                 self.runs.get(owner, {}).pop(url, None)
-                EJECTIONS.inc()
+                self.metrics.passive_ejections.inc()
                 yield label, url, f"passive: {total} consecutive failed requests"
 
     def due(self, now: float) -> Iterator[tuple[IngressRef, str, Ejection]]:

@@ -1,4 +1,4 @@
-"""What the health engine reports: `/v1/healthcheck` entries, the document the leader publishes, the state gauge.
+"""What the health engine reports: `/v1/healthcheck` entries, the document the leader publishes.
 
 Pure views over the engine's node states (the leader's own, or the published ones a
 follower reads), so every sidecar answers the same.
@@ -7,19 +7,15 @@ follower reads), so every sidecar answers the same.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-from prometheus_client import Gauge
-
 from ..keys import IngressRef
 from .checkers import CheckerTarget, checker_entry, passive_entry
 from .passive import PassiveHealth
-from .state import NodeHealth, State
-
-NODES = Gauge("exporter_health_nodes", "checked nodes by state", ["state"])
+from .state import NodeHealth
 
 
 @dataclass
@@ -60,12 +56,3 @@ def document(owner: IngressRef, targets: Mapping[str, Checked], passive: Passive
         for url, health in checked.nodes.items()
     }
     return {"checkers": entries(owner, targets, passive), "nodes": nodes, **ejections}
-
-
-def count_states(states: Iterable[State]) -> None:
-    """Set the nodes-by-state gauge."""
-    counts = dict.fromkeys(State, 0)
-    for state in states:
-        counts[state] += 1
-    for state, count in counts.items():
-        NODES.labels(state.value).set(count)

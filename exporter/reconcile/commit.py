@@ -21,13 +21,13 @@ from loguru import logger
 
 from ..errors import EtcdError, EtcdUnavailable
 from ..keys import IngressRef
+from ..metrics import Metrics
 from ..plan.format import format_plan
 from ..plan.plan import Plan, UnitPlan
 from ..plan.planner import Planner
 from ..roles import Ejections, LeaderPolicy
 from ..store.observed import Observed
 from ..store.records import Record, RecordStore
-from ..write import metrics
 from ..write.policies import WritePolicy
 from ..write.writer import ApplyResult, Writer
 from .intents import NOT_WRITTEN, Outcome
@@ -39,7 +39,7 @@ _MAX_CONFLICT_RETRIES = 8
 _PIPELINE_CHUNK = 256
 # Changes logged per unit that no request asked for (repair, health, reconcile).
 _LOGGED_CHANGES = 20
-# Ingresses written at once from which the watches pause while we write (mirror.paused_for_bulk).
+# Ingresses written at once from which the watches pause while we write (mirror.watches.paused_for_bulk).
 _BULK = 1000
 
 
@@ -72,10 +72,12 @@ class Committer:
         ejections: Ejections,
         desired: Callable[[IngressRef], Record | None],
         policies: Sequence[WritePolicy],
+        metrics: Metrics,
         dry_run: bool = False,
     ) -> None:
         self._planner = planner
         self._policies = policies
+        self._metrics = metrics
         self._observed = observed
         self._store = store
         self._writer = writer
@@ -92,7 +94,7 @@ class Committer:
         outcome = Outcome()
         requested = dict(batch.requested)
         refs = list(dict.fromkeys([*requested, *(batch.dirty if self._leader.is_leader() else ())]))
-        async with self._mirror.paused_for_bulk(len(refs) >= _BULK):
+        async with self._mirror.watches.paused_for_bulk(len(refs) >= _BULK):
             return await self._commit_refs(refs, requested, batch, outcome)
 
     async def _commit_refs(self, refs: list[IngressRef], requested: dict[IngressRef, int], batch: Batch, outcome: Outcome) -> Outcome:
@@ -120,7 +122,7 @@ class Committer:
         plan = self._planner.plan(view, self._observed, None, self._ejections)
         plan.units = [u for u in plan.units if u.owner not in skip]
         if not plan.empty:
-            async with self._mirror.paused_for_bulk(len(plan.units) >= _BULK):
+            async with self._mirror.watches.paused_for_bulk(len(plan.units) >= _BULK):
                 await self._apply(plan, {}, {u.owner: "reconcile" for u in plan.units if u.owner}, outcome)
         return plan, outcome
 
@@ -177,7 +179,7 @@ class Committer:
         """Write `plan`, recording what committed in `outcome`; returns the units that lost a compare."""
         for policy in self._policies:
             plan.units = policy.split(plan.units, groups, reasons).now
-        metrics.PLAN_CHANGES.observe(len(plan.changes()))
+        self._metrics.plan_changes.observe(len(plan.changes()))
         planned = {u.owner for u in plan.units}
         # Requested ingresses that need no change are as desired already.
         outcome.done.update(ref for ref in groups if ref not in planned)
@@ -241,7 +243,7 @@ class Committer:
             if reason is None or reason == "request":  # held keys of a request: logged as requests are, by their txn
                 continue
             if reason == "drift":
-                metrics.REPAIRS.inc(len(unit.changes))
+                self._metrics.drift_repairs.inc(len(unit.changes))
             for change in unit.changes[:_LOGGED_CHANGES]:
                 logger.info("{}: {} {}", reason, change.sign, change.key)
 

@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from loguru import logger
 
 from ..errors import EtcdError, EtcdUnavailable, ExporterError
+from ..metrics import Metrics
 from ..roles import LeaderPolicy
-from ..write import metrics
 from ..write.pacer import Pacer
 from .commit import Batch, Committer
 from .inbox import Inbox
@@ -57,10 +57,11 @@ class Loop:
 
     def __init__(
         self, *, inbox: Inbox, intents: Intents, mirror: Mirror, committer: Committer, leader: LeaderPolicy,
-        status: Status, cadence: Cadence, pacer: Pacer, prepare: Callable[[], Awaitable[None]] | None = None,
+        status: Status, cadence: Cadence, pacer: Pacer, metrics: Metrics, prepare: Callable[[], Awaitable[None]] | None = None,
         after_full_pass: Callable[[], None] | None = None,
     ) -> None:
         self._pacer = pacer
+        self._metrics = metrics
         self._prepare = prepare
         self._after_full_pass = after_full_pass
         self._inbox = inbox
@@ -158,7 +159,7 @@ class Loop:
         return next_full
 
     def _etcd_down(self, exc: EtcdError, backoff: float) -> None:
-        metrics.ETCD_ERRORS.inc()
+        self._metrics.etcd_errors.inc()
         self._status.etcd_ok = False
         self._status.last_error = exc.title
         logger.warning("etcd unavailable ({}); retrying in {:.1f}s", exc.title, backoff)
@@ -174,7 +175,7 @@ class Loop:
         self._status.etcd_ok = True
         if recovering:
             logger.info("etcd reachable again: re-listed, restarting watches")
-            self._mirror.start_watches()
+            self._mirror.watches.start()
 
     async def _full_pass(self) -> None:
         if self._leader.is_leader():
@@ -188,7 +189,7 @@ class Loop:
             if plan.foreign and len(plan.foreign) != self._status.foreign_keys:
                 logger.warning("{} foreign keys under managed roots (left alone), e.g. {}", len(plan.foreign), plan.foreign[0])
             self._status.foreign_keys = len(plan.foreign)
-            metrics.RECONCILE_SECONDS.observe(time.monotonic() - started)
+            self._metrics.reconcile_seconds.observe(time.monotonic() - started)
         self._status.full_passes += 1
         if self._after_full_pass is not None:
             self._after_full_pass()

@@ -7,24 +7,18 @@ commit ledger is told of everyone else's commits); events that arrive while our
 transactions are in flight wait until they are done. Keys someone else changed flag their
 ingress as drifted (`on_drift`); a watch etcd cancels asks for a re-list (`on_stale`).
 
-During a bulk of our own writes the watches are paused (`paused_for_bulk`): etcd would only
-send our own writes back, at a cost for etcd that a bulk sync feels. On resume a watch skips
-the revisions that were all our own commits (etcd's revision grows by one per write, so an
-unbroken run of our revisions means nobody else wrote meanwhile) and replays from where it
-stopped otherwise.
+The watches themselves (and their pause during a bulk of our own writes) are in watches.py.
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
 import itertools
-from collections.abc import AsyncIterator, Callable, Iterable, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import Callable, Iterable, Sequence
 
 from loguru import logger
 
-from ..errors import EtcdError, RecordDecodeError, WatchCanceled
+from ..errors import RecordDecodeError
 from ..etcd.store import EtcdStore
 from ..etcd.types import WatchEvent
 from ..keys import IngressRef, KeyLayout
@@ -34,8 +28,7 @@ from ..store.records import RecordStore, decode_record
 from ..supervisor import Supervisor
 from ..write.ledger import CommitLedger
 from ..write.writer import Writer
-
-_BACKOFF_MAX = 5.0
+from .watches import Watches
 
 
 class Mirror:
@@ -62,16 +55,12 @@ class Mirror:
         self._writer = writer
         self._ledger = ledger
         self._on_drift = on_drift
-        self._on_stale = on_stale
-        self._idle_timeout = idle_timeout
         self._supervisor = supervisor if supervisor is not None else Supervisor()
-        self._listed = asyncio.Event()
         self._deferred: list[tuple[list[WatchEvent], bool]] = []
         self._draining: asyncio.Task[None] | None = None
-        self._watches: list[asyncio.Task[None]] = []
-        # Per watched prefix: the newest revision its watch delivered (or skipped, see above).
-        self._positions: dict[str, int] = {}
-        self._stopped = False
+        self.watches = Watches(
+            etcd, layout, observed, self._on_events, on_stale, idle_timeout=idle_timeout, supervisor=self._supervisor
+        )
 
     async def relist(self) -> None:
         """Rebuild the mirror and the committed records from a paged read."""
@@ -83,7 +72,7 @@ class Mirror:
         listed = {self.adopt_record(kv.key, kv.value) for kv in records.kvs}
         for ref in [r for r in [*self._store.records, *self._store.tombstones] if r not in listed]:
             self._store.set(ref, None)
-        self._listed.set()
+        self.watches.listed.set()
         logger.info("listed etcd at revision {}: {} records, {} keys", roots.revision, len(records.kvs), len(roots.kvs))
 
     def adopt_record(self, key: str, value: str | None) -> IngressRef | None:
@@ -121,81 +110,14 @@ class Mirror:
                 page = await self._etcd.range_prefix(obj + "/")
                 self._observed.replace_object(obj, page.kvs)
 
-    # ----- watches
-
-    def start_watches(self) -> None:
-        """(Re)start the watches; after an etcd restart a long-poll watch can block forever without an error."""
-        for task in self._watches:
-            task.cancel()
-        self._watches = [
-            self._supervisor.spawn(f"watch {p}", functools.partial(self._watch, p), group="watch") for p in self._watched()
-        ]
-
     async def stop(self) -> None:
-        """Stop watching."""
-        self._stopped = True
-        tasks = [*self._watches, *([self._draining] if self._draining is not None else [])]
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        self._watches = []
+        """Stop watching, and applying deferred events."""
+        await self.watches.stop()
+        if self._draining is not None:
+            self._draining.cancel()
+            await asyncio.gather(self._draining, return_exceptions=True)
 
-    @asynccontextmanager
-    async def paused_for_bulk(self, bulk: bool) -> AsyncIterator[None]:
-        """Pause the watches while the body writes (when `bulk`), resuming past our own commits."""
-        if not bulk or not self._watches or not self._caught_up():
-            yield
-            return
-        watches, self._watches = self._watches, []
-        for task in watches:
-            task.cancel()
-        await asyncio.gather(*watches, return_exceptions=True)
-        try:
-            yield
-        finally:
-            if not self._stopped and not self._watches:
-                for prefix in self._watched():
-                    self._positions[prefix] = self._resume_at(prefix)
-                self.start_watches()
-
-    def _watched(self) -> tuple[str, str]:
-        """The prefixes watched: the roots and the records."""
-        return self._layout.roots_prefix, self._layout.records_dir
-
-    def _resume_at(self, prefix: str) -> int:
-        """Where the watch on `prefix` can resume: past every revision after its position that was our own commit."""
-        return self._observed.own.run_after(max(self._positions.get(prefix, 0), self._observed.revision))
-
-    def _caught_up(self) -> bool:
-        """True when no watch has anything to replay before our newest commit.
-
-        A watch still replaying (it resumed where it stopped, or another writer wrote) is left
-        to stream: stopping it again would only make etcd send the same events once more.
-        """
-        newest = self._observed.own.newest
-        return all(self._resume_at(p) >= newest for p in self._watched())
-
-    async def _watch(self, prefix: str) -> None:
-        backoff = 0.1
-        await self._listed.wait()
-        while True:
-            start = max(self._positions.get(prefix, 0), self._observed.revision) + 1
-            try:
-                async for events in self._etcd.watch_prefix(prefix, start, idle_timeout=self._idle_timeout):
-                    self._on_events(events, roots=prefix == self._layout.roots_prefix)
-                    last = max(self._positions.get(prefix, 0), *(e.mod_revision for e in events))
-                    self._positions[prefix] = last
-                    self._observed.own.forget_until(last)
-                    backoff = 0.1
-            except WatchCanceled as exc:
-                logger.warning("watch on {} canceled at compacted revision {}: re-listing", prefix, exc.compact_revision)
-                self._on_stale()
-            except EtcdError as exc:
-                logger.debug("watch on {} ended ({}); resuming", prefix, exc.title)
-            await asyncio.sleep(backoff)
-            backoff = min(backoff * 2, _BACKOFF_MAX)
-
-    def _on_events(self, events: list[WatchEvent], *, roots: bool) -> None:
+    def _on_events(self, events: list[WatchEvent], roots: bool) -> None:
         if self._writer.busy:
             # Our own transactions are in flight: their events are recognised by revision once
             # the replies are in, without decoding them.

@@ -19,6 +19,7 @@ from ..errors import EtcdUnavailable, TemplateError
 from ..etcd.limits import EtcdLimits, detect_limits
 from ..etcd.store import EtcdStore
 from ..keys import IngressRef, KeyLayout
+from ..metrics import Metrics
 from ..plan.format import format_plan
 from ..plan.plan import Plan
 from ..plan.planner import Planner
@@ -64,6 +65,7 @@ class Collaborators:
     ejections: Ejections | None = None
     admission: Admission | None = None
     supervisor: Supervisor | None = None
+    metrics: Metrics | None = None
     # Whether a root's Traefik has not applied the newest commit on it (write/pacer.py); None: never paced.
     behind: Callable[[str], bool] | None = None
 
@@ -94,7 +96,11 @@ class Reconciler:
         leader = shared.leader if shared.leader is not None else AlwaysLeader()
         self.ledger = CommitLedger(self.observed)
         self.pacer = Pacer(shared.behind, cadence.pace_hold_max)
-        writer = Writer(etcd, self.ledger, max_ops=limits.max_ops, max_bytes=limits.max_bytes, max_in_flight=limits.max_in_flight)
+        metrics = self.metrics = shared.metrics if shared.metrics is not None else Metrics()
+        metrics.paced_ingresses.read_from(self.pacer.counts)
+        writer = Writer(
+            etcd, self.ledger, max_ops=limits.max_ops, max_bytes=limits.max_bytes, max_in_flight=limits.max_in_flight, metrics=metrics
+        )
         self._etcd, self._writer, self._limits = etcd, writer, limits
         self.detected: EtcdLimits | None = None
         self.advice = Advice(layout, self.store, self.observed, lambda: self.detected)
@@ -106,11 +112,11 @@ class Reconciler:
         committer = Committer(
             planner=planner, observed=self.observed, store=self.store, writer=writer, mirror=self._mirror,
             leader=leader, ejections=self._ejections, desired=self._intents.desired,
-            policies=[FollowerRule(leader), PacingRule(self.pacer)], dry_run=dry_run,
+            policies=[FollowerRule(leader), PacingRule(self.pacer)], metrics=metrics, dry_run=dry_run,
         )
         self._loop = Loop(
             inbox=self._inbox, intents=self._intents, mirror=self._mirror, committer=committer, leader=leader,
-            status=self.status, cadence=cadence, pacer=self.pacer, prepare=self._detect_limits,
+            status=self.status, cadence=cadence, pacer=self.pacer, metrics=metrics, prepare=self._detect_limits,
             after_full_pass=self.advice.after_full_pass,
         )
         self._layout = layout
@@ -121,7 +127,7 @@ class Reconciler:
     async def start(self) -> None:
         """Start the write loop and the watches; returns at once (see `wait_synced`)."""
         self._task = self._supervisor.spawn("reconcile-loop", self._loop.run)
-        self._mirror.start_watches()
+        self._mirror.watches.start()
 
     async def wait_synced(self, timeout: float | None = None) -> None:
         """Wait until the first full sync with etcd is done."""

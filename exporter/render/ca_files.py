@@ -17,12 +17,10 @@ from pathlib import Path
 
 from cryptography import x509
 from loguru import logger
-from prometheus_client import Gauge
 from watchfiles import awatch
 
 from ..ingress.bounds import MAX_CA_PEM_BYTES
-
-OK = Gauge("exporter_upstream_ca_file_ok", "1 while an upstream CA file holds valid PEM certificates, 0 when it does not", ["path"])
+from ..metrics import Sample
 
 
 class CaFiles:
@@ -72,17 +70,19 @@ class CaFiles:
                 kept = "keeping the last good content" if path in self._good else "not written"
                 logger.error("upstream CA file {} {}: {}", path, problem, kept)
             self._problems[path] = problem
-            OK.labels(path).set(0)
             return False
         if path in self._problems:
             logger.info("upstream CA file {} is valid again", path)
         self._problems.pop(path, None)
-        OK.labels(path).set(1)
         if self._good.get(path) == text:
             return False
         self._good[path] = text
         self._versions[path] = self._versions.get(path, 0) + 1
         return True
+
+    def states(self) -> list[Sample]:
+        """Per CA file in use: 1 while its content is good, 0 while it is not (the gauge, read at scrape)."""
+        return [((path,), 0.0 if path in self._problems else 1.0) for path in sorted({*self._good, *self._problems})]
 
     def problems(self) -> list[str]:
         """What `/readyz` says about CA files in use that are not good now."""
@@ -94,8 +94,7 @@ class CaFiles:
         for path in [p for p in {*self._good, *self._problems} if p not in keep]:
             self._good.pop(path, None)
             self._problems.pop(path, None)
-            if self._versions.pop(path, None) is not None:
-                OK.remove(path)
+            self._versions.pop(path, None)
 
     async def watch(self, in_use: Callable[[], set[str]], changed: Callable[[str], None], stop: asyncio.Event) -> None:
         """Until `stop`: re-read the files in use when their directories change (and at least every second)."""

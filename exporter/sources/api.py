@@ -14,7 +14,6 @@ from typing import Protocol, TypeVar
 
 from aiohttp import web
 from loguru import logger
-from prometheus_client import Counter
 from pydantic import BaseModel, ValidationError
 
 from ..errors import (
@@ -31,12 +30,12 @@ from ..errors import (
 )
 from ..ingress import RemoveRequest, UpsertRequest, field_errors
 from ..keys import IngressRef
+from ..metrics import Metrics
 from ..store.records import Record, RecordStore, Removal
 from ..traefik.serving import Serving
 from .auth import Authenticator
 from .files import RecordSink
 
-REQUESTS = Counter("exporter_api_requests_total", "push API requests by route and status", ["route", "status"])
 _Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 M = TypeVar("M", bound=BaseModel)
 
@@ -109,7 +108,7 @@ class PushApi:
 
     def __init__(
         self, sink: IngressSink, *, auth: Authenticator, max_body_bytes: int, ready: Callable[[], bool],
-        serving: Serving | None = None, refused: Callable[[ExporterError], None] | None = None,
+        serving: Serving | None = None, refused: Callable[[ExporterError], None] | None = None, metrics: Metrics | None = None,
     ) -> None:
         """`refused`: told of every request answered 400 or 409 (the status page's events)."""
         self._sink = sink
@@ -118,6 +117,7 @@ class PushApi:
         self._max_body_bytes = max_body_bytes
         self._ready = ready
         self._serving = serving
+        self._requests = (metrics or Metrics()).api_requests
 
     def app(self) -> web.Application:
         """The aiohttp application."""
@@ -147,7 +147,7 @@ class PushApi:
             response = web.json_response(
                 {"type": "InternalError", "title": "internal error; see the exporter log", "data": {}}, status=500
             )
-        REQUESTS.labels(route, str(response.status)).inc()
+        self._requests.labels(route, str(response.status)).inc()
         return response
 
     def _check_ready(self) -> None:
@@ -204,7 +204,9 @@ class PushApi:
 def push_api_app(
     sink: IngressSink, *, token: str | None, max_body_bytes: int, ready: Callable[[], bool] = lambda: True,
     serving: Serving | None = None, jwt_secret: str | None = None, refused: Callable[[ExporterError], None] | None = None,
+    metrics: Metrics | None = None,
 ) -> web.Application:
     """The aiohttp application of the push API. No token and no JWT secret means unauthenticated (loopback only)."""
     auth = Authenticator(token, jwt_secret)
-    return PushApi(sink, auth=auth, max_body_bytes=max_body_bytes, ready=ready, serving=serving, refused=refused).app()
+    return PushApi(sink, auth=auth, max_body_bytes=max_body_bytes, ready=ready, serving=serving, refused=refused,
+                   metrics=metrics).app()

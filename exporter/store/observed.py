@@ -6,27 +6,13 @@ indexed by owning ingress so that planning one ingress touches only its own keys
 
 from __future__ import annotations
 
-import time
-from collections import defaultdict, deque
 from collections.abc import Collection, Iterable, Iterator
-from dataclasses import dataclass
 from typing import cast
 
 from ..etcd.types import KeyValue
 from ..keys import BEACON_KEY, IngressRef, KeyLayout
+from .beacons import Beacons
 from .own import OwnRevisions
-
-# Beacon values remembered per root: enough to map what a lagging Traefik shows to a revision.
-_BEACON_HISTORY = 4096
-
-
-@dataclass(frozen=True, slots=True)
-class BeaconWrite:
-    """One value a root's beacon held: written at `revision`, seen here at `seen_at` (monotonic)."""
-
-    value: str
-    revision: int
-    seen_at: float
 
 
 class Observed:
@@ -44,7 +30,7 @@ class Observed:
         self._owned: dict[tuple[str, str], list[str]] = {}
         # Keys under the roots in no object named for an ingress (the root's own, anything foreign).
         self._loose: set[str] = set()
-        self._beacons: dict[str, deque[BeaconWrite]] = defaultdict(lambda: deque(maxlen=_BEACON_HISTORY))
+        self.beacons = Beacons()
         self.revision = 0
         # Every write under the roots up to this revision is in the mirror (the roots' watch has
         # delivered it, or a full read was taken there); the records' watch may run ahead of it.
@@ -58,8 +44,8 @@ class Observed:
             known = key in self._values
             self._values[key] = value
             self._mods[key] = mod_revision
-            if key.endswith(BEACON_KEY):
-                self._beacon_written(key, value, mod_revision)
+            if key.endswith(BEACON_KEY) and (root := self.layout.beacon_root(key)) is not None:
+                self.beacons.written(root, value, mod_revision)
             if not known:
                 self._index(key)
             return
@@ -131,23 +117,6 @@ class Observed:
             self.set(key, None, 0)
         for kv in kvs:
             self.set(kv.key, kv.value, kv.mod_revision)
-
-    def _beacon_written(self, key: str, value: str, revision: int) -> None:
-        root = self.layout.beacon_root(key)
-        if root is None:
-            return
-        history = self._beacons[root]
-        if not history or history[-1].revision < revision:
-            history.append(BeaconWrite(value, revision, time.monotonic()))
-
-    def latest_beacon(self, root: str) -> BeaconWrite | None:
-        """The value `root`'s beacon holds now (None: it has none)."""
-        history = self._beacons.get(root)
-        return history[-1] if history else None
-
-    def beacon_history(self, root: str) -> list[BeaconWrite]:
-        """The values `root`'s beacon held, oldest first (the last one is current)."""
-        return list(self._beacons.get(root, ()))
 
     def objects_of(self, ref: IngressRef) -> dict[str, dict[str, tuple[str, int]]]:
         """The observed objects under the ingress's root named for it, with their keys."""

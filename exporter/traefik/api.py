@@ -10,12 +10,11 @@ import base64
 from typing import Any
 
 import aiohttp
-from prometheus_client import Counter
 
 from ..errors import TraefikUnreachable
 from ..keys import BEACON_HEADER, BEACON_NAME
+from ..metrics import Metrics
 
-REQUESTS = Counter("exporter_traefik_requests_total", "requests to Traefik's API by the observer", ["what"])
 # One page of a list; a healthy Traefik has no broken router, so this is never the limit in practice.
 _PAGE = 100
 
@@ -28,11 +27,15 @@ def basic_auth(username: str, password: str) -> str:
 class TraefikApi:
     """Reads Traefik's API at `url` (e.g. `http://127.0.0.1:8080`), with basic auth when given."""
 
-    def __init__(self, url: str, *, username: str | None = None, password: str | None = None, timeout: float = 2.0) -> None:
+    def __init__(
+        self, url: str, *, username: str | None = None, password: str | None = None, timeout: float = 2.0,
+        metrics: Metrics | None = None,
+    ) -> None:
         self.url = url.rstrip("/")
         self._headers = {"Authorization": basic_auth(username, password or "")} if username else {}
         self._timeout = aiohttp.ClientTimeout(total=timeout)
         self._session: aiohttp.ClientSession | None = None
+        self._requests = (metrics or Metrics()).traefik_requests
 
     async def close(self) -> None:
         """Close the HTTP session."""
@@ -44,7 +47,7 @@ class TraefikApi:
         """The JSON at `path`, or None for 404; TraefikUnreachable for anything else that is not 200."""
         if self._session is None or self._session.closed:
             self._session = aiohttp.ClientSession(timeout=self._timeout, headers=self._headers)
-        REQUESTS.labels(what).inc()
+        self._requests.labels(what).inc()
         try:
             async with self._session.get(self.url + path) as resp:
                 if resp.status == 404:

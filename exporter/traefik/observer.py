@@ -21,23 +21,16 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from loguru import logger
-from prometheus_client import Gauge, Histogram
+from prometheus_client import Histogram
 
 from ..errors import NotServedInTime, TraefikUnreachable
 from ..keys import IngressRef, KeyLayout
-from ..store.observed import BeaconWrite, Observed
+from ..metrics import Metrics, Sample
+from ..store.beacons import BeaconWrite
+from ..store.observed import Observed
 from ..store.records import RecordStore
 from .api import TraefikApi
 from .diagnosis import Diagnosis, RootConvergence, State
-
-CONVERGED = Gauge("exporter_traefik_converged", "1 when Traefik has applied every commit under the root", ["root"])
-APPLIED = Gauge("exporter_traefik_applied_revision", "newest etcd revision whose keys Traefik has applied", ["root"])
-LAG = Gauge("exporter_traefik_lag_seconds", "how long Traefik has been behind etcd (0 when converged)", ["root"])
-BLOCKING = Gauge("exporter_traefik_blocking_keys", "keys under the root Traefik's decoder would reject", ["root"])
-APPLY = Histogram(
-    "exporter_traefik_apply_seconds", "from a commit under the root to Traefik serving it (its beacon shown)", ["root"],
-    buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120),
-)
 
 _FAST = 0.05
 # While a request waits to be served: checks this often (a bounded 100 requests/s at most).
@@ -82,6 +75,7 @@ class TraefikObserver:
     def __init__(
         self, api: TraefikApi, layout: KeyLayout, observed: Observed, store: RecordStore, *,
         max_lag: float = 30.0, poll_interval: float = 1.0, on_state: Callable[[str, State, str], None] | None = None,
+        metrics: Metrics | None = None,
     ) -> None:
         """`on_state` is told of every change of a root's state: (root, new state, a sentence)."""
         self.api = api
@@ -98,6 +92,15 @@ class TraefikObserver:
         self._checks = Checks()
         self._diagnosis = Diagnosis(layout, observed, store, max_lag)
         self._on_state = on_state
+        metrics = metrics or Metrics()
+        self._apply = metrics.traefik_apply
+        metrics.traefik_converged.read_from(lambda: self._per_root(lambda v: 1.0 if v.state == "converged" else 0.0))
+        metrics.traefik_applied_revision.read_from(lambda: self._per_root(lambda v: float(v.applied_revision)))
+        metrics.traefik_lag.read_from(lambda: self._per_root(lambda v: v.lag_seconds))
+        metrics.traefik_blocking_keys.read_from(lambda: self._per_root(lambda v: float(len(v.blocking_keys))))
+
+    def _per_root(self, value: Callable[[RootConvergence], float]) -> list[Sample]:
+        return [((root,), value(view)) for root, view in sorted(self._views.items())]
 
     # ----- the loop
 
@@ -121,7 +124,7 @@ class TraefikObserver:
         if self._shown is None and self._store.records:
             return True
         for view in self._views.values():
-            latest = self._observed.latest_beacon(view.root)
+            latest = self._observed.beacons.latest(view.root)
             if view.state != "converged" or (latest is not None and latest.revision > view.applied_revision):
                 return True
         return False
@@ -160,25 +163,19 @@ class TraefikObserver:
         roots = self._written_roots()
         for gone in set(self._views) - roots:
             del self._views[gone]
-            for gauge in (CONVERGED, APPLIED, LAG, BLOCKING):
-                gauge.remove(gone)
             with contextlib.suppress(KeyError):  # a root Traefik never applied a commit of has none
-                APPLY.remove(gone)
+                self._apply.remove(gone)
         for root in sorted(roots):
             view = self._views.setdefault(root, RootConvergence(root))
             self._update_root(view, now)
-            CONVERGED.labels(root).set(1 if view.state == "converged" else 0)
-            APPLIED.labels(root).set(view.applied_revision)
-            LAG.labels(root).set(view.lag_seconds)
-            BLOCKING.labels(root).set(len(view.blocking_keys))
 
     def _update_root(self, view: RootConvergence, now: float) -> None:
-        history = self._observed.beacon_history(view.root)
+        history = self._observed.beacons.history(view.root)
         view.committed_revision = history[-1].revision if history else 0
         if self._unreachable_since is None:
             previous, view.applied_revision = view.applied_revision, _applied_revision(self._shown, view.root, history)
             if previous and view.applied_revision > previous:
-                _record_apply(view, history, now)
+                _record_apply(view, history, now, self._apply)
         behind = [w for w in history if w.revision > view.applied_revision]
         behind_since = behind[0].seen_at if behind else None
         view.lag_seconds = now - behind_since if behind_since is not None else 0.0
@@ -219,7 +216,7 @@ class TraefikObserver:
             return False
         if self._unreachable_since is not None and time.monotonic() - self._unreachable_since > self._max_lag:
             return False
-        latest = self._observed.latest_beacon(root)
+        latest = self._observed.beacons.latest(root)
         return latest is not None and latest.revision > view.applied_revision
 
     def served(self, root: str, revision: int) -> bool:
@@ -269,13 +266,13 @@ class TraefikObserver:
         return reasons
 
 
-def _record_apply(view: RootConvergence, history: list[BeaconWrite], now: float) -> None:
+def _record_apply(view: RootConvergence, history: list[BeaconWrite], now: float, apply: Histogram) -> None:
     """Seen applied at this poll: its apply time is from when the commit was seen to now
     (to within a poll: 50 ms while behind, 10 ms while a request waits)."""
     write = next((w for w in reversed(history) if w.revision == view.applied_revision), None)
     if write is not None:
         view.applies.append(max(0.0, now - write.seen_at))
-        APPLY.labels(view.root).observe(view.applies[-1])
+        apply.labels(view.root).observe(view.applies[-1])
 
 
 def _applied_revision(shown: str | None, root: str, history: list[BeaconWrite]) -> int:

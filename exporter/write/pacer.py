@@ -18,11 +18,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from prometheus_client import Gauge
-
 from ..keys import IngressRef
-
-PACED = Gauge("exporter_writer_paced_ingresses", "ingresses whose keys wait for Traefik to apply the previous commit", ["root"])
 
 
 @dataclass(frozen=True)
@@ -47,6 +43,8 @@ class Pacer:
         self._held: dict[str, dict[IngressRef, tuple[float, str]]] = {}
         # Roots whose held keys are being written: everything else on them goes along.
         self._flushing: set[str] = set()
+        # Roots that ever held keys: their gauge reads 0 when nothing waits, rather than vanishing.
+        self._roots: set[str] = set()
 
     @property
     def enabled(self) -> bool:
@@ -64,7 +62,7 @@ class Pacer:
         held = self._held.setdefault(root, {})
         if ref not in held:
             held[ref] = (self._clock(), reason)
-            PACED.labels(root).set(len(held))
+            self._roots.add(root)
 
     def holds(self, ref: IngressRef) -> bool:
         """True when `ref`'s keys are held."""
@@ -83,7 +81,6 @@ class Pacer:
         for root in [r for r in self._held if not self.paced(r)]:
             out.update((ref, reason) for ref, (_at, reason) in self._held.pop(root).items())
             self._flushing.add(root)
-            PACED.labels(root).set(0)
         return out
 
     def flushed(self) -> None:
@@ -96,16 +93,16 @@ class Pacer:
             return
         for ref in refs:
             for root, held in list(self._held.items()):
-                if held.pop(ref, None) is not None:
-                    PACED.labels(root).set(len(held))
-                    if not held:
-                        del self._held[root]
+                if held.pop(ref, None) is not None and not held:
+                    del self._held[root]
 
     def clear(self) -> None:
         """Forget everything held (leadership lost: the next leader renders whatever keys are missing)."""
-        for root in self._held:
-            PACED.labels(root).set(0)
         self._held.clear()
+
+    def counts(self) -> list[tuple[tuple[str], float]]:
+        """Held ingresses per root (the paced-ingresses gauge, read at scrape)."""
+        return [((root,), float(len(self._held.get(root, ())))) for root in sorted(self._roots)]
 
     def backlog(self, root: str) -> Backlog:
         """What is held on `root`."""

@@ -19,10 +19,10 @@ from loguru import logger
 from ..errors import EtcdError
 from ..etcd.store import EtcdStore
 from ..etcd.types import Compare, Op
+from ..metrics import Metrics
 from ..plan import guards
 from ..plan.plan import Change, UnitPlan
 from ..render.root_keys import beacon_value
-from . import metrics
 from .ledger import CommitLedger
 from .packing import Txn, pack
 
@@ -58,11 +58,12 @@ class Writer:
 
     def __init__(
         self, etcd: EtcdStore, ledger: CommitLedger, *, max_ops: int | None = None, max_bytes: int | None = None,
-        max_in_flight: int = 8,
+        max_in_flight: int = 8, metrics: Metrics | None = None,
     ) -> None:
         """`max_ops`, `max_bytes`: etcd's limits per transaction (unset: etcd's defaults until `set_limits`)."""
         self._etcd = etcd
         self.ledger = ledger
+        self._metrics = metrics or Metrics()
         self._layout = ledger.layout
         # Beacon tokens: unique per writer and transaction, so a value read back names one commit.
         self._token_prefix = uuid.uuid4().hex[:8]
@@ -134,9 +135,9 @@ class Writer:
         return reply.succeeded, reply.revision
 
     def _record(self, txn: Txn, changes: list[Change], succeeded: bool, revision: int) -> None:
-        metrics.TXNS.labels("committed" if succeeded else "conflict").inc()
+        self._metrics.etcd_txns.labels("committed" if succeeded else "conflict").inc()
         if succeeded:
-            metrics.KEYS_WRITTEN.inc(len(txn.changes))
+            self._metrics.keys_written.inc(len(txn.changes))
             self.ledger.committed(txn.units, changes, revision)
             names = sorted({u.name for u in txn.units})
             logger.bind(revision=revision, ingresses=names, ops=len(changes)).info(
@@ -147,7 +148,7 @@ class Writer:
         try:
             ok, _revision = await self._send(txn, [*txn.compares, *fence])
         except EtcdError as exc:
-            metrics.ETCD_ERRORS.inc()
+            self._metrics.etcd_errors.inc()
             result.error = exc
             result.failed.extend(txn.units)
             return
@@ -163,7 +164,7 @@ class Writer:
                 try:
                     ok, revision = await self._send(txn, [*compares, *fence])
                 except EtcdError as exc:
-                    metrics.ETCD_ERRORS.inc()
+                    self._metrics.etcd_errors.inc()
                     result.error = exc
                     result.failed.append(unit)
                     return

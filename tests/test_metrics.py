@@ -1,0 +1,94 @@
+"""Metrics live on a registry each daemon owns; derived gauges are read at scrape."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+from loguru import logger
+from prometheus_client import generate_latest
+
+from exporter.assembly.parts import assemble
+from exporter.config import Settings
+from exporter.keys import IngressRef
+from exporter.metrics import Metrics
+from exporter.write.pacer import Pacer
+
+PACKAGE = Path(__file__).resolve().parent.parent / "exporter"
+
+
+def test_two_daemons_in_one_process_keep_their_own_numbers() -> None:
+    one, two = assemble(Settings()), assemble(Settings())
+    assert one.metrics.registry is not two.metrics.registry
+    one.metrics.etcd_txns.labels("committed").inc(3)
+    assert one.metrics.value("exporter_etcd_txns_total", {"result": "committed"}) == 3
+    assert two.metrics.value("exporter_etcd_txns_total", {"result": "committed"}) == 0
+
+
+def test_a_derived_gauge_reads_the_part_at_scrape_time() -> None:
+    metrics, behind = Metrics(), {"traefik/a": True}
+    pacer = Pacer(behind.__getitem__, hold_max=60.0)
+    metrics.paced_ingresses.read_from(pacer.counts)
+    assert metrics.registry.get_sample_value("exporter_writer_paced_ingresses", {"root": "traefik/a"}) is None
+    pacer.hold(IngressRef("a", "x"), "traefik/a", "test")
+    pacer.hold(IngressRef("a", "y"), "traefik/a", "test")
+    assert metrics.value("exporter_writer_paced_ingresses", {"root": "traefik/a"}) == 2
+    behind["traefik/a"] = False
+    pacer.due()
+    # A root that held keys reads 0 once they are written, rather than vanishing.
+    assert metrics.registry.get_sample_value("exporter_writer_paced_ingresses", {"root": "traefik/a"}) == 0
+
+
+def test_a_reader_that_raises_is_logged_and_leaves_the_rest_of_the_scrape() -> None:
+    metrics = Metrics()
+    lines: list[str] = []
+    sink = logger.add(lambda m: lines.append(str(m)), level="ERROR", format="{message}\n{exception}")
+
+    def broken() -> list[tuple[tuple[str, ...], float]]:
+        raise RuntimeError("reader broke")
+
+    metrics.leader.read_from(broken)
+    metrics.discovery_registered.read_from(lambda: [((), 1.0)])
+    try:
+        text = generate_latest(metrics.registry).decode()
+    finally:
+        logger.remove(sink)
+    assert "exporter_discovery_registered 1.0" in text and "\nexporter_leader " not in text
+    assert any("reading exporter_leader failed" in line and "reader broke" in line for line in lines)
+
+
+def test_no_metric_is_made_outside_the_metrics_module() -> None:
+    """Every metric is on the daemon's registry: none is built on the global one elsewhere."""
+    made = []
+    for path in PACKAGE.rglob("*.py"):
+        if path.name == "metrics.py" and path.parent == PACKAGE:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (
+                isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("Counter", "Gauge", "Histogram")
+                and node.args and isinstance(node.args[0], ast.Constant) and str(node.args[0].value).startswith("exporter_")
+            ):
+                made.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno}")
+    assert made == []
+
+
+@pytest.mark.parametrize("module", ["parts.py", "factories.py"])
+def test_the_assembly_hands_its_metrics_to_every_part_that_counts(module: str) -> None:
+    """A part that takes `metrics` and is built without it would count on a registry nobody scrapes."""
+    takes = {"Supervisor", "Leadership", "HealthEngine", "PassiveHealth", "TraefikApi", "TraefikObserver", "Notifier", "Discovery"}
+    tree = ast.parse((PACKAGE / "assembly" / module).read_text())
+    missing = [
+        f"{module}:{node.lineno} {node.func.id}"
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in takes
+        and "metrics" not in {k.arg for k in node.keywords}
+    ]
+    assert missing == []
+
+
+def test_every_metric_is_documented() -> None:
+    table = (PACKAGE.parent / "docs" / "operations.md").read_text()
+    names = {m.name for m in Metrics().registry.collect()}
+    assert len(names) == 29
+    assert sorted(n for n in names if f"`{n}" not in table) == []
