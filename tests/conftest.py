@@ -82,7 +82,7 @@ def traefik(workdir: Path, etcd: EmbeddedEtcd) -> Iterator[EmbeddedTraefik]:
             # Passive health reads what Traefik logs about each proxied request.
             f"--accessLog.filePath={access_log_of(workdir)}", "--accessLog.format=json",
             # A certificate resolver whose CA nobody serves: Traefik still asks it for each
-            # router's domains and logs which (tests/test_enforcement_traefik.py).
+            # router's domains and logs which (tests/integration/test_enforcement_traefik.py).
             "--certificatesResolvers.le.acme.caServer=https://127.0.0.1:9/directory", "--certificatesResolvers.le.acme.tlsChallenge=true",
             f"--certificatesResolvers.le.acme.storage={workdir / 'acme.json'}", "--certificatesResolvers.le.acme.email=ops@example.test",
         ],

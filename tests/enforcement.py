@@ -5,7 +5,7 @@ A row is keyed by the field's path; inside an upstream the path names its kind
 (`upstream[servers].servers.url`, `canary.upstream[ai-proxy-multi].instances.name`). A cell says
 where the effect is proven: `traefik` (requests through a real Traefik), `health` (the health
 engine: probes, ejections, weights the exporter writes), `plugin` (handed to the kind's checker
-plugin), or `refused` (a 400 naming the field). tests/test_enforcement.py walks the pydantic
+plugin), or `refused` (a 400 naming the field). tests/unit/test_enforcement.py walks the pydantic
 models and fails for a field without a row, a cell left out, or a cited test that does not exist.
 """
 
@@ -41,13 +41,13 @@ def refused(*tests: str) -> Cell:
     return Cell("refused", tests)
 
 
-F = "tests/test_traefik_features.py::"
-X = "tests/test_enforcement_traefik.py::"
-E = "tests/test_edge.py::"
-H = "tests/test_health.py::"
-P = "tests/test_health_probes.py::"
-R = "tests/test_render.py::"
-S = "tests/test_health_state.py::"
+F = "tests/integration/test_traefik_features.py::"
+X = "tests/integration/test_enforcement_traefik.py::"
+E = "tests/integration/test_edge.py::"
+H = "tests/integration/test_health.py::"
+P = "tests/unit/health/test_health_probes.py::"
+R = "tests/unit/render/test_render.py::"
+S = "tests/unit/health/test_health_state.py::"
 
 HOST = F + "test_host_rule_routes_only_its_host"
 TCP = F + "test_tcp_route"
@@ -56,7 +56,7 @@ TCP_SNI = F + "test_a_tcp_allowlist_with_hosts_routes_tls_passthrough_by_sni_for
 TCP_CANARY = X + "test_a_tcp_canary_splits_connections_between_its_groups"
 TCP_HEALTH = X + "test_a_tcp_health_check_ejects_a_server_that_refuses_connections"
 CANARY = F + "test_canary_split_within_tolerance"
-RATIOS = "tests/test_backendai.py::test_a_backendai_circuit_is_served_with_its_ratios_and_removed_without_revision"
+RATIOS = "tests/integration/test_backendai.py::test_a_backendai_circuit_is_served_with_its_ratios_and_removed_without_revision"
 AI = H + "test_ai_proxy_multi_one_instance_down_shifts_its_share"
 PLUGIN = H + "test_a_third_party_plugin_from_its_entry_point_declares_checkers"
 EJECT = H + "test_a_dead_backend_is_ejected_in_bounds_and_comes_back"
@@ -69,8 +69,8 @@ GRACE = S + "test_failures_inside_the_initial_delay_never_eject"
 # canary group renders like a primary group of its kind, and a plugin kind's group like servers.
 KIND_ALIKE = R + "test_router_middlewares_and_transport_render_alike_for_every_upstream_kind"
 GROUP_ALIKE = R + "test_a_canary_group_renders_like_a_primary_of_its_kind_and_a_plugin_group_like_servers"
-NO_EFFECT = "tests/test_push_api.py::test_a_field_traefik_would_ignore_is_refused_naming_it_and_changes_nothing"
-STALE = "tests/test_push_api.py::test_stale_and_conflicting_revisions_are_409_and_write_nothing"
+NO_EFFECT = "tests/integration/test_push_api.py::test_a_field_traefik_would_ignore_is_refused_naming_it_and_changes_nothing"
+STALE = "tests/integration/test_push_api.py::test_stale_and_conflicting_revisions_are_409_and_write_nothing"
 
 HTTP_KINDS = ("http/servers", "http/ai-proxy-multi", "http/plugin")
 Row = dict[str, Cell]

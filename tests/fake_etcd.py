@@ -162,6 +162,10 @@ class FakeEtcd:
         stored = self._kv.get(key)
         return None if stored is None else stored.value
 
+    def set_create_revision(self, key: str, revision: int) -> None:
+        """Pretend `key` was created at `revision` (a fence compare names one)."""
+        self._kv[key].create_revision = revision
+
     def keys(self, prefix: str = "") -> dict[str, str]:
         """Every key under `prefix` with its value."""
         return {k: s.value for k, s in sorted(self._kv.items()) if k.startswith(prefix)}

@@ -32,6 +32,9 @@ from exporter.etcd.types import Compare, KeyValue, Op, RangePage, TxnResult, Wat
 from exporter.ingress import Ingress
 from exporter.store.records import Record
 
+# The repository's root: docs/, exporter/ and tests/ are under it.
+REPO = Path(__file__).resolve().parent.parent
+
 T = TypeVar("T")
 AUTHORITY = "test"
 

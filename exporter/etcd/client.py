@@ -56,6 +56,11 @@ class EtcdClient:
         """What the last request said about etcd."""
         return self._gateway.reachability()
 
+    @property
+    def tokens_issued(self) -> int:
+        """Auth tokens obtained so far (with username/password: the first, and one per renewal)."""
+        return self._gateway.tokens_issued
+
     def idle_for(self) -> float:
         """Seconds since etcd last answered anything."""
         return self._gateway.idle_for()

@@ -64,6 +64,8 @@ class Gateway:
         self._security = security or EtcdSecurity()
         self._ssl = self._security.ssl_context()
         self._token: str | None = None
+        # Auth tokens obtained so far (each authentication, first or renewal, adds one).
+        self.tokens_issued = 0
         self._reachability = Reachability(None, None, time.monotonic())
         self._last_answer = 0.0
 
@@ -134,6 +136,7 @@ class Gateway:
                         f"etcd authentication failed for user {sec.username!r}: {error_text(payload, resp.status)}"
                     )
                 self._token = json.loads(payload)["token"]
+                self.tokens_issued += 1
         except (TimeoutError, aiohttp.ClientError, OSError) as exc:
             raise _connection_error(url, exc) from None
 

@@ -3,7 +3,7 @@
 Every ingress has a record (outside Traefik's roots) and keys (under its root). This module
 says, for a planned unit, in what order its changes go and what guards each transaction;
 write/ledger.py keeps the stateful half (what committed, parts in flight). Nothing else
-builds a compare on a record key (tests/test_structure.py checks that by what is called).
+builds a compare on a record key (tests/unit/test_structure.py checks that by what is called).
 
 - order: router deletes, other puts, router puts, other deletes, so that every prefix of the
   list leaves no router referencing a missing object; the record put first and a record

@@ -4,7 +4,7 @@ Rendering is the hot path of a bulk sync: the sandboxed Jinja2 template, parsing
 validating it against the Traefik schema cost most of the CPU per ingress. For the built-in
 templates the same Traefik configuration is built here directly from the validated ingress
 (whose rules guarantee every value the schema would check). A property test proves both
-paths write identical keys for every generated ingress (tests/test_properties.py); a template
+paths write identical keys for every generated ingress (tests/unit/test_properties.py); a template
 overridden in `templates.dir` always takes the Jinja2 path with full validation.
 """
 

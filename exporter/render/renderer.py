@@ -185,11 +185,15 @@ class Renderer:
         d = self._template_dir
         return frozenset(p for p in ("http", "tcp") if d is None or not (d / f"{p}.json.j2").exists())
 
+    def forget_renders(self) -> None:
+        """Drop every cached render: the next render of each ingress is computed again."""
+        self._cache.clear()
+
     def reload(self) -> None:
         """Read the templates again and forget every cached render (the templates changed)."""
         self._env = _environment(self._template_dir)
         self._templates = {}
-        self._cache.clear()
+        self.forget_renders()
         self._builtin = self._builtin_protocols()
         self._generation += 1
 

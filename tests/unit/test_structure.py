@@ -11,11 +11,11 @@ import pytest
 from exporter.etcd.types import Compare
 from exporter.keys import IngressRef
 from exporter.store.records import Removal
-from tests.helpers import AUTHORITY, record, uid
-from tests.test_reconcile_fake import LAYOUT, UP, elected_etcd
-from tests.test_reconcile_fake import running as fake_running
+from tests.fake_reconciler import LAYOUT, UP, elected_etcd
+from tests.fake_reconciler import running as fake_running
+from tests.helpers import AUTHORITY, REPO, record, uid
 
-PACKAGE = Path(__file__).resolve().parent.parent / "exporter"
+PACKAGE = REPO / "exporter"
 
 
 def _sizes() -> list[tuple[int, str, str]]:
@@ -160,3 +160,18 @@ def test_no_switch_on_an_upstream_kind_outside_the_ingress_model() -> None:
                 if named & kinds:
                     switches.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno}")
     assert len(kinds) >= 5 and switches == []
+
+
+def test_the_tests_are_laid_out_like_the_package() -> None:
+    """Unit tests under tests/unit/<package>/ (pure, or on the in-memory etcd), those on the real etcd and
+    Traefik under tests/integration/ (marked so), the deployment files' under tests/deploy/, the fault
+    campaign and its checker under tests/campaign/."""
+    tests = REPO / "tests"
+    assert sorted(d.name for d in (tests / "unit").iterdir() if d.is_dir() and d.name != "__pycache__") == sorted(
+        d.name for d in (tests / "unit").iterdir() if d.is_dir() and (REPO / "exporter" / d.name).is_dir()
+    )
+    assert sorted(p.name for p in tests.glob("test_*.py")) == []
+    assert sorted(d.name for d in tests.iterdir() if (d / "__init__.py").exists()) == ["campaign", "deploy", "integration", "unit"]
+    unmarked = [p.name for p in (tests / "integration").glob("test_*.py") if "pytest.mark.integration" not in p.read_text()]
+    marked = [p.name for p in (tests / "unit").rglob("test_*.py") if "\npytestmark = pytest.mark.integration" in p.read_text()]
+    assert unmarked == [] and marked == []

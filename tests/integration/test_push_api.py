@@ -22,6 +22,7 @@ from exporter.store.records import Removal
 from tests.conftest import API_MAX_BODY, API_RECORDS, API_TOKEN, ROOT, settings_for
 from tests.helpers import (
     AUTHORITY,
+    REPO,
     Backend,
     eventually,
     footprint,
@@ -34,7 +35,7 @@ from tests.helpers import (
 )
 
 pytestmark = pytest.mark.integration
-OPENAPI = yaml.safe_load((Path(__file__).resolve().parent.parent / "docs" / "openapi.yaml").read_text())
+OPENAPI = yaml.safe_load((REPO / "docs" / "openapi.yaml").read_text())
 
 
 def ing(iid: str, revision: Any = 1, **fields: Any) -> dict[str, Any]:

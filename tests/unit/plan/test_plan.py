@@ -292,7 +292,7 @@ def _in_sync(renderer: CountingRenderer) -> tuple[Planner, Observed, Record]:
     p, obs, rec = Planner(renderer, LAYOUT, CERT), Observed(LAYOUT), record("llama", upstream=TWO)
     observed_after(p.plan({rec.key: rec}, obs), obs)
     assert p.plan({rec.key: rec}, obs).empty  # found as it renders
-    renderer._cache.clear()
+    renderer.forget_renders()
     renderer.computed = 0
     return p, obs, rec
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from bench.campaign.checker import History, Request, Stored, check, conflicts_with_cause
+from tests.campaign.checker import History, Request, Stored, check, conflicts_with_cause
 
 ROOT = "traefik/worker_c"
 RECORDS = "records"
@@ -157,12 +157,12 @@ def test_every_planted_defect_finds_what_it_patches() -> None:
     import subprocess
     import sys
 
-    from bench.campaign.defects import DEFECTS
+    from tests.campaign.defects import DEFECTS
 
     for name in DEFECTS:
-        code = f"from bench.campaign.defects import DEFECTS; DEFECTS[{name!r}]()"
+        code = f"from tests.campaign.defects import DEFECTS; DEFECTS[{name!r}]()"
         done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
         assert done.returncode == 0, (name, done.stderr[-2000:])
-    code = "import exporter.plan.guards as g; from bench.campaign.defects import DEFECTS; del g.order_changes; DEFECTS['keeps-keys']()"
+    code = "import exporter.plan.guards as g; from tests.campaign.defects import DEFECTS; del g.order_changes; DEFECTS['keeps-keys']()"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode != 0 and "has no 'order_changes'" in done.stderr

@@ -1,7 +1,7 @@
 """Planted defects: the daemon with one rule broken on purpose, to show that the campaign's checker
 catches each (docs/campaign.md lists which rule catches which).
 
-Usage (by the campaign's --defect): python -m bench.campaign.defects NAME run --config FILE
+Usage (by the campaign's --defect): python -m tests.campaign.defects NAME run --config FILE
 
 Each defect patches the running daemon before it starts; nothing of this is in the daemon.
 """
