@@ -1,11 +1,13 @@
-"""An in-memory etcd (`EtcdStore`) for fast, deterministic tests of the reconciler's decisions.
+"""An in-memory etcd (`EtcdStore`) for fast, deterministic tests of the reconciler's decisions,
+held to a real etcd by tests/integration/test_etcd_contract.py (the same cases on both).
 
 It keeps etcd's semantics where the exporter relies on them: one revision per transaction
 that writes, mod/create revisions, compares on single keys and on ranges (an empty range
 compares as a key at revision 0), leases whose revocation deletes their keys, watches that
 replay history from a start revision, and compaction. `down` makes every call fail as an
 unreachable etcd; `before_txn` runs a hook (a peer's write) before a transaction is applied;
-`max_txn_ops` bounds operations and, separately, compares (400), and a request larger than the
+`max_txn_ops` bounds operations and, separately, compares (400), a key twice among one
+transaction's operations is refused (400), and a request larger than the
 gRPC bound of etcd's default `--max-request-bytes` is refused as etcd's gateway does (429);
 `watches_flowing` cleared holds every watch stream back; `hold(prefix)` holds back only the
 watches on one prefix (one watch lagging another) until `release(prefix)`.
@@ -71,6 +73,8 @@ class FakeEtcd:
         self._check()
         if len(compares) > self.max_txn_ops or len(ops) > self.max_txn_ops:
             raise EtcdError("etcd answered HTTP 400: etcdserver: too many operations in txn request", status=400)
+        if len({op.key for op in ops}) < len(ops):
+            raise EtcdError("etcd answered HTTP 400: etcdserver: duplicate key given in txn request", status=400)
         size = sum(len(c.key) + 16 for c in compares) + sum(len(o.key) + len(o.value or "") + 16 for o in ops)
         if size > self.grpc_max:
             raise EtcdError(f"etcd answered HTTP 429: grpc: received message larger than max ({size} vs. {self.grpc_max})", status=429)
