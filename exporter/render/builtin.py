@@ -12,8 +12,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from .context import Group, RenderContext
 
-def fragment(context: dict[str, Any]) -> dict[str, Any]:
+
+def fragment(context: RenderContext) -> dict[str, Any]:
     """What the built-in template of the ingress's protocol renders to, after validation and `exclude_none`."""
     ingress = context["ingress"]
     if ingress["protocol"] == "tcp":
@@ -21,15 +23,14 @@ def fragment(context: dict[str, Any]) -> dict[str, Any]:
     return {"http": _http(context, ingress)}
 
 
-def _canary_split(context: dict[str, Any]) -> dict[str, Any]:
-    name, primary, canary = context["name"], context["primary"], context["canary"]
+def _canary_split(name: str, primary: Group, canary: Group) -> dict[str, Any]:
     return {"weighted": {"services": [
         {"name": f"{name}_primary", "weight": primary["weight"]},
         {"name": f"{name}_canary", "weight": canary["weight"]},
     ]}}
 
 
-def _http(context: dict[str, Any], ingress: dict[str, Any]) -> dict[str, Any]:
+def _http(context: RenderContext, ingress: dict[str, Any]) -> dict[str, Any]:
     name = context["name"]
     router: dict[str, Any] = {
         "rule": context["rule"], "service": name, "entryPoints": list(context["entrypoints"]),
@@ -40,8 +41,8 @@ def _http(context: dict[str, Any], ingress: dict[str, Any]) -> dict[str, Any]:
     if context["router_tls"]:
         router["tls"] = context["router_tls"]
     services: dict[str, Any] = {}
-    if context["canary"]:
-        services[name] = _canary_split(context)
+    if (canary := context["canary"]) is not None:
+        services[name] = _canary_split(name, context["primary"], canary)
     transport = context["transport_name"]
     for group in context["groups"]:
         services.update(_http_group(group, transport))
@@ -60,7 +61,7 @@ def _http(context: dict[str, Any], ingress: dict[str, Any]) -> dict[str, Any]:
     return http
 
 
-def _http_group(group: dict[str, Any], transport: str | None) -> dict[str, Any]:
+def _http_group(group: Group, transport: str | None) -> dict[str, Any]:
     service = group["service"]
     if group["kind"] == "servers":
         lb: dict[str, Any] = {"servers": [dict(s) for s in group["lb_servers"]], "passHostHeader": True}
@@ -81,14 +82,14 @@ def _http_group(group: dict[str, Any], transport: str | None) -> dict[str, Any]:
     return out
 
 
-def _tcp(context: dict[str, Any]) -> dict[str, Any]:
+def _tcp(context: RenderContext) -> dict[str, Any]:
     name, ingress = context["name"], context["ingress"]
     router: dict[str, Any] = {"rule": context["rule"], "service": name, "entryPoints": list(context["entrypoints"])}
     if ingress["hosts"]:
         router["tls"] = {"passthrough": True}
     services: dict[str, Any] = {}
-    if context["canary"]:
-        services[name] = _canary_split(context)
+    if (canary := context["canary"]) is not None:
+        services[name] = _canary_split(name, context["primary"], canary)
     for group in context["groups"]:
         services[group["service"]] = {"loadBalancer": {"servers": [dict(s) for s in group["tcp_servers"]]}}
     return {"routers": {name: router}, "services": services}

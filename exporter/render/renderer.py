@@ -35,6 +35,7 @@ from ..ingress import (
 )
 from ..keys import IngressRef, KeyLayout
 from . import builtin
+from .context import Group, RenderContext, Server
 from .edge import EdgePolicy
 from .flatten import flatten
 from .rules import http_rule, tcp_rule
@@ -75,11 +76,12 @@ def traefik_weights(weights: Sequence[int | float]) -> list[int]:
     return [round(w * 1000) for w in weights]
 
 
-def _group(upstream: ServersUpstream | AiProxyMultiUpstream | PluginUpstream, ejected: frozenset[str]) -> dict[str, Any]:
+def _group(upstream: ServersUpstream | AiProxyMultiUpstream | PluginUpstream, ejected: frozenset[str]) -> Group:
     instances = named_instances(upstream)
     if instances is None:
         servers = [s for s in upstream.members() if s.url not in ejected]
-        weighted = [{"url": s.url, "weight": w} for s, w in zip(servers, traefik_weights([s.weight for s in servers]), strict=True)]
+        weights = traefik_weights([s.weight for s in servers])
+        weighted: list[Server] = [{"url": s.url, "weight": w} for s, w in zip(servers, weights, strict=True)]
         return {
             "kind": "servers",  # plugin kinds render as a plain load balancer too
             "servers": weighted,
@@ -136,11 +138,11 @@ def _environment(template_dir: Path | None) -> SandboxedEnvironment:
     return env
 
 
-def _routable(group: dict[str, Any]) -> bool:
+def _routable(group: Group) -> bool:
     return bool(group.get("servers") or group.get("instances"))
 
 
-def _ready(canary: Canary, group: dict[str, Any]) -> bool:
+def _ready(canary: Canary, group: Group) -> bool:
     """True while enough of the canary's servers are routable for it to get its weight (`min_ready`)."""
     routable = len(group.get("servers") or group.get("instances") or ())
     upstream = canary.upstream
@@ -149,7 +151,7 @@ def _ready(canary: Canary, group: dict[str, Any]) -> bool:
     return routable >= need
 
 
-def _split_weights(canary: Canary, primary: dict[str, Any], group: dict[str, Any]) -> tuple[int, int]:
+def _split_weights(canary: Canary, primary: Group, group: Group) -> tuple[int, int]:
     """The primary's and canary's weights: a group with no routable server (a canary short of
     `min_ready`) gets 0 while the other has one.
 
@@ -254,7 +256,7 @@ class Renderer:
         http = ingress.protocol == "http"
         edge_middlewares = self._edge.middlewares(ingress, name) if http else {}
         transport_name, transport = self._edge.transport(ingress, name) if http else (None, None)
-        context = {
+        context: RenderContext = {
             # The fast path reads three fields; a whole JSON dump is for templates.
             "ingress": _fast_fields(ingress) if fast else ingress.model_dump(mode="json"),
             "middlewares": [*([f"{name}_allow"] if http and ingress.allowed_client_ips else []), *edge_middlewares,
@@ -280,7 +282,7 @@ class Renderer:
         root = self._layout.root(ingress.authority)
         return RenderedIngress(root=root, objects=tuple(objects), kv=flatten(data, root))
 
-    def _template_text(self, template_name: str, context: dict[str, Any], ingress: Ingress) -> str:
+    def _template_text(self, template_name: str, context: RenderContext, ingress: Ingress) -> str:
         try:
             template = self._templates.get(template_name)
             if template is None:
