@@ -9,13 +9,12 @@
    in its steady state (`--rss`; `--edge`: every edge field on each). Target: <= 200 MB.
    `--heap`: what an in-process reconciler holding N keeps, by the line that allocated it (tracemalloc).
 
-Usage: .venv/bin/python bench/bulk_sync.py [--ingresses 10000] [--runs 3]
-Profile: .venv/bin/py-spy record -r 250 -f raw -o bulk.txt -- .venv/bin/python bench/bulk_sync.py --profile
+Usage: .venv/bin/python -m bench.bulk_sync [--ingresses 10000] [--runs 3]
+Profile: .venv/bin/py-spy record -r 250 -f raw -o bulk.txt -- .venv/bin/python -m bench.bulk_sync --profile
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import gc
 import os
@@ -29,19 +28,10 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
 from loguru import logger
 
-from bench.common import (
-    RECORDS,
-    exporter_keys,
-    fresh_etcd,
-    make_records,
-    median,
-    raw_write,
-    watching,
-)
+from bench.common import RECORDS, exporter_keys, fresh_etcd, make_records, raw_write, watching
+from bench.harness import arguments, median
 from exporter.assembly import build_reconciler
 from exporter.config import Settings
 from exporter.embedded import free_port
@@ -198,9 +188,8 @@ def _full_passes(control: str) -> float:
 
 
 async def main() -> None:
-    parser = argparse.ArgumentParser()
+    parser = arguments(__doc__, runs=3)
     parser.add_argument("--ingresses", type=int, default=10_000)
-    parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--profile", action="store_true", help="only the exporter's bulk sync, once (run it under py-spy)")
     parser.add_argument("--rss", action="store_true", help="only the daemon's RSS")
     parser.add_argument("--edge", action="store_true", help="with --rss or --heap: every edge field on every ingress")

@@ -4,20 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import os
-import statistics
-import subprocess
-import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 
-from exporter.embedded import EmbeddedEtcd, free_port, start_etcd
+from bench.harness import HEADERS, cpu_seconds
+from exporter.embedded import EmbeddedEtcd, EmbeddedTraefik, start_etcd
 from exporter.ingress import Ingress
 from exporter.keys import KeyLayout
 from exporter.plan.planner import Planner
@@ -26,8 +23,6 @@ from exporter.render.root_keys import generate_certificate
 from exporter.store.observed import Observed
 from exporter.store.records import Record
 
-TOKEN = "bench-token"
-HEADERS = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"}
 ROOT_KEY = "traefik/worker_{authority}"
 RECORDS = "traefik-etcd-exporter/records"
 
@@ -136,45 +131,6 @@ async def txn_round_trip(url: str, samples: int = 50) -> list[float]:
     return out
 
 
-def median(values: list[float]) -> float:
-    return statistics.median(values)
-
-
-def pct(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
-async def runs(n: int, measure: Callable[[], Awaitable[float]]) -> list[float]:
-    return [await measure() for _ in range(n)]
-
-
-def start_daemon(etcd_url: str, work: Path, **env: str) -> tuple[subprocess.Popen[bytes], str, str]:
-    """The daemon as a child on `etcd_url` (settings from `EXPORTER_*` in `env`); returns it, the API and control URLs."""
-    api, control = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
-    full = {**os.environ, "EXPORTER_API__TOKEN": TOKEN, "EXPORTER_API__LISTEN": api,
-            "EXPORTER_CONTROL__LISTEN": control, "EXPORTER_ETCD__ENDPOINTS": f'["{etcd_url}"]',
-            "EXPORTER_LOG__LEVEL": "WARNING", **env}
-    with open(work / "daemon.log", "ab") as log:  # the child keeps its own copy open
-        proc = subprocess.Popen([sys.executable, "-m", "exporter", "run"], env=full, cwd=work,
-                                stdout=subprocess.DEVNULL, stderr=log)
-    return proc, f"http://{api}", f"http://{control}"
-
-
-async def wait_up(session: aiohttp.ClientSession, base: str) -> None:
-    """Until the daemon's push API answers."""
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            async with session.get(f"{base}/v2/ingress?authority=none", headers=HEADERS) as resp:
-                if resp.status == 200:
-                    return
-        except aiohttp.ClientError:
-            pass
-        await asyncio.sleep(0.1)
-    raise RuntimeError("daemon did not come up")
-
-
 def body(records: list[Record]) -> bytes:
     """An upsert request body of `records`."""
     return ('{"ingresses":[' + ",".join(r.content for r in records) + "]}").encode()
@@ -192,3 +148,34 @@ async def upsert(session: aiohttp.ClientSession, base: str, records: list[Record
     async with session.post(f"{base}/v2/ingress/upsert{query}", data=body(records), headers=HEADERS) as resp:
         if resp.status != 204:
             raise RuntimeError(f"upsert answered {resp.status}: {await resp.text()}")
+
+
+IDLE_CPU = 0.05  # CPU seconds per half second below which Traefik counts as idle
+
+
+async def _listed(traefik: EmbeddedTraefik, router: str) -> bool:
+    async with aiohttp.ClientSession() as session, session.get(f"{traefik.api}/api/http/routers/{router}") as resp:
+        return resp.status == 200
+
+
+async def until_listed(traefik: EmbeddedTraefik, router: str, timeout: float = 600) -> float:
+    """Until Traefik lists `router` (it applies a configuration whole: the others with it); seconds taken."""
+    started = time.monotonic()
+    while not await _listed(traefik, router):
+        if time.monotonic() - started > timeout:
+            raise RuntimeError(f"Traefik did not list {router} in {timeout}s")
+        await asyncio.sleep(0.05)
+    return time.monotonic() - started
+
+
+async def until_idle(traefik: EmbeddedTraefik, timeout: float = 900) -> float:
+    """Until Traefik spends less than IDLE_CPU per half second; the CPU seconds it spent meanwhile."""
+    started, spent = time.monotonic(), 0.0
+    while time.monotonic() - started < timeout:
+        before = cpu_seconds(traefik.proc.pid)
+        await asyncio.sleep(0.5)
+        burst = cpu_seconds(traefik.proc.pid) - before
+        spent += burst
+        if burst < IDLE_CPU:
+            return spent
+    raise RuntimeError("Traefik did not go idle")

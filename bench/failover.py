@@ -2,12 +2,11 @@
 
 Three sidecars share one root; an ingress is health-checked against a backend that is killed
 right after the leader, so the successor's first leader-only write is that ejection.
-Usage: .venv/bin/python bench/failover.py [--runs 5] [--ttl 10]
+Usage: .venv/bin/python -m bench.failover [--runs 5] [--ttl 10]
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import os
 import signal
@@ -19,9 +18,8 @@ from pathlib import Path
 
 import aiohttp
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from bench.common import fresh_etcd, median
+from bench.common import fresh_etcd
+from bench.harness import arguments, median
 from exporter.embedded import free_port
 from exporter.etcd.client import EtcdClient
 
@@ -91,8 +89,7 @@ async def one_run(ttl: int) -> float:
 
 
 async def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--runs", type=int, default=5)
+    parser = arguments(__doc__, runs=5)
     parser.add_argument("--ttl", type=int, default=10)
     args = parser.parse_args()
     times = [await one_run(args.ttl) for _ in range(args.runs)]

@@ -7,24 +7,20 @@ not), and under `traefik/worker_10/kv/` with both roots given a segment after th
 (`traefik/worker_{authority}/kv`). Printed: that Traefik's CPU seconds over each series, against the
 same time idle in the same run. Medians of `--runs`.
 
-Usage: .venv/bin/python bench/overlap.py [--routers 2000] [--runs 3]
+Usage: .venv/bin/python -m bench.overlap [--routers 2000] [--runs 3]
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import aiohttp
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from bench.common import exporter_keys, fresh_etcd, make_records, median, raw_write
-from bench.push_api import cpu_seconds
+from bench.common import exporter_keys, fresh_etcd, make_records, raw_write
+from bench.harness import arguments, cpu_seconds, median
 from exporter.embedded import EmbeddedTraefik, start_traefik
 from exporter.etcd.client import EtcdClient
 
@@ -75,9 +71,8 @@ async def run(routers: int, suffix: str) -> dict[str, float]:
 
 
 async def main() -> None:
-    parser = argparse.ArgumentParser()
+    parser = arguments(__doc__, runs=3)
     parser.add_argument("--routers", type=int, default=2000)
-    parser.add_argument("--runs", type=int, default=3)
     args = parser.parse_args()
     for suffix, label in (("", "rootKey traefik/worker_1"), ("/kv", "rootKey traefik/worker_1/kv")):
         runs = [await run(args.routers, suffix) for _ in range(args.runs)]

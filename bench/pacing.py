@@ -23,18 +23,16 @@ Targets (medians of --runs): 1. idle within 3 x D of the last 204, the later pus
 3 x D; 3. p99 <= 3x the bare transaction; 4. every push served within 2.5 x D, the last 10 s no
 worse than the first, at most 1.2 x (duration / D) configurations.
 
-Usage: .venv/bin/python bench/pacing.py [--ingresses 10000] [--runs 3] [--duration 60] [--clients 10]
+Usage: .venv/bin/python -m bench.pacing [--ingresses 10000] [--runs 3] [--duration 60] [--clients 10]
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import base64
 import bisect
 import itertools
 import shutil
-import sys
 import tempfile
 import time
 from collections.abc import AsyncIterator
@@ -44,11 +42,8 @@ from pathlib import Path
 
 import aiohttp
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from bench.common import HEADERS, ROOT_KEY, body, ingress_keys, make_records, median, pct, start_daemon, wait_up
-from bench.push_api import cpu_seconds
-from bench.traefik_cost import until_idle, until_listed
+from bench.common import ROOT_KEY, body, ingress_keys, make_records, until_idle, until_listed
+from bench.harness import HEADERS, arguments, cpu_seconds, median, pct, start_daemon, wait_up
 from exporter.embedded import RECOMMENDED_ETCD_FLAGS, EmbeddedEtcd, EmbeddedTraefik, start_etcd, start_traefik
 from exporter.etcd.client import EtcdClient
 from exporter.etcd.types import Op
@@ -284,9 +279,8 @@ async def one_run(n: int, duration: float, clients: int, log: Path | None = None
 
 
 async def main() -> None:
-    parser = argparse.ArgumentParser()
+    parser = arguments(__doc__, runs=3)
     parser.add_argument("--ingresses", type=int, default=10_000)
-    parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--duration", type=float, default=60.0)
     parser.add_argument("--clients", type=int, default=10)
     parser.add_argument("--log", type=Path, help="keep the daemon's log (INFO) of the last run here")

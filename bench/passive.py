@@ -9,15 +9,13 @@
    reaches the bad server any more. Baseline in the same run: a server removed by a bare etcd
    transaction until Traefik stops sending to it (the floor any writer pays: Traefik's reload).
 
-Usage: .venv/bin/python bench/passive.py [--runs 3] [--lines 200000] [--samples 5]
+Usage: .venv/bin/python -m bench.passive [--runs 3] [--lines 200000] [--samples 5]
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -26,9 +24,8 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from bench.common import HEADERS, fresh_etcd, median, start_daemon, wait_up
+from bench.common import fresh_etcd
+from bench.harness import HEADERS, arguments, median, start_daemon, wait_up
 from exporter.embedded import EmbeddedTraefik, free_port, start_traefik
 from exporter.etcd.client import EtcdClient
 from exporter.etcd.types import Op
@@ -192,8 +189,7 @@ async def _one_bare_removal(session: aiohttp.ClientSession, client: EtcdClient, 
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--runs", type=int, default=3)
+    parser = arguments(__doc__, runs=3)
     parser.add_argument("--lines", type=int, default=200_000)
     parser.add_argument("--samples", type=int, default=5)
     args = parser.parse_args()

@@ -2,25 +2,20 @@
 against a raw aiohttp request loop to the same local backends in the same run.
 
 The backends run in a separate process (4 aiohttp servers on loopback ports).
-Usage: .venv/bin/python bench/probe_capacity.py [--seconds 8] [--targets 1000,2000,3000,4000]
+Usage: .venv/bin/python -m bench.probe_capacity [--seconds 8] [--targets 1000,2000,3000,4000]
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import aiohttp
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
 from loguru import logger
 
-from bench.common import pct
+from bench.harness import arguments, pct
 from exporter.embedded import free_port
 from exporter.health.checkers import load_kinds
 from exporter.health.engine import HealthEngine
@@ -98,7 +93,7 @@ async def raw_rate(ports: list[int], seconds: float, concurrency: int = 64) -> f
 
 
 async def main() -> None:
-    parser = argparse.ArgumentParser()
+    parser = arguments(__doc__, runs=None)
     parser.add_argument("--seconds", type=float, default=8)
     parser.add_argument("--targets", default="1000,1500,2000,3000")
     args = parser.parse_args()

@@ -20,12 +20,11 @@
    per request, until Traefik routes all (targets 3 s and 1.5 s), with the etcd revisions used and
    the CPU seconds of Traefik and of the daemon in the same run.
 
-Usage: .venv/bin/python bench/push_api.py [--ingresses 10000] [--runs 3] [--only latency|throughput|floor|served] [--against DIR]
+Usage: .venv/bin/python -m bench.push_api [--ingresses 10000] [--runs 3] [--only latency|throughput|floor|served] [--against DIR]
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import os
@@ -40,26 +39,20 @@ from typing import TypeVar
 
 import aiohttp
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
 from bench.common import (
-    HEADERS,
     RECORDS,
     ROOT_KEY,
     exporter_keys,
     fresh_etcd,
     ingress_keys,
     make_records,
-    median,
-    pct,
     put_in_place,
     raw_write,
-    start_daemon,
     txn_round_trip,
     upsert,
-    wait_up,
 )
 from bench.floor_server import WORK
+from bench.harness import HEADERS, arguments, median, pct, start_daemon, wait_up
 from exporter.embedded import free_port, start_traefik
 from exporter.etcd.client import EtcdClient
 from exporter.etcd.types import Op, txn_body
@@ -376,9 +369,8 @@ async def push_to_served(n: int = 1000, clients: int = 10, per_request: int = 1)
 
 
 async def main() -> None:
-    parser = argparse.ArgumentParser()
+    parser = arguments(__doc__, runs=3)
     parser.add_argument("--ingresses", type=int, default=10_000)
-    parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--only", choices=["latency", "throughput", "floor", "served"], help="run one part only")
     parser.add_argument("--against", type=Path, help="throughput: also the daemon of this checkout, in the same slices")
     args = parser.parse_args()

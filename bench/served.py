@@ -6,33 +6,21 @@
 2. The observer's request rate to Traefik while idle and during a burst of pushes, with 100
    and with 10,000 ingresses in place. It must not grow with the number of ingresses.
 
-Usage: .venv/bin/python bench/served.py [--runs 3] [--ingresses 10000]
+Usage: .venv/bin/python -m bench.served [--runs 3] [--ingresses 10000]
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import itertools
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import aiohttp
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from bench.common import (
-    fresh_etcd,
-    make_records,
-    median,
-    pct,
-    put_in_place,
-    start_daemon,
-    upsert,
-    wait_up,
-)
+from bench.common import fresh_etcd, make_records, put_in_place, upsert
+from bench.harness import arguments, median, pct, start_daemon, wait_up
 from exporter.embedded import start_traefik
 
 ROOT = "traefik/worker_bench"
@@ -102,8 +90,7 @@ async def one_run(in_place: int, samples: int) -> dict[str, float]:
 
 
 async def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--runs", type=int, default=3)
+    parser = arguments(__doc__, runs=3)
     parser.add_argument("--ingresses", type=int, default=10_000)
     parser.add_argument("--samples", type=int, default=50)
     args = parser.parse_args()

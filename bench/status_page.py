@@ -7,23 +7,20 @@ in the same run (the floor of any answer from the control server).
 
 Targets: `/` first byte < 300 ms, the table page (`/ui/ingresses?q=...` and page 2) < 500 ms.
 
-Usage: .venv/bin/python bench/status_page.py [--ingresses 10000] [--samples 5]
+Usage: .venv/bin/python -m bench.status_page [--ingresses 10000] [--samples 5]
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 import aiohttp
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from bench.common import fresh_etcd, median, put_in_place, start_daemon, wait_up
+from bench.common import fresh_etcd, put_in_place
+from bench.harness import arguments, median, start_daemon, wait_up
 from bench.served import converged
 from exporter.embedded import start_traefik
 
@@ -42,7 +39,7 @@ async def _timed(session: aiohttp.ClientSession, url: str) -> tuple[float, float
 
 
 async def main() -> None:
-    parser = argparse.ArgumentParser()
+    parser = arguments(__doc__, runs=None)
     parser.add_argument("--ingresses", type=int, default=10_000)
     parser.add_argument("--samples", type=int, default=5)
     args = parser.parse_args()

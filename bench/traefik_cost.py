@@ -7,61 +7,25 @@ to a Traefik through its file provider (the same dynamic configuration, as one f
 more router is added by rewriting the file: the same rebuild without the KV listing and decoding.
 The difference is what the KV provider itself costs. Medians of `--runs`.
 
-Usage: .venv/bin/python bench/traefik_cost.py [--routers 10000] [--runs 3]
+Usage: .venv/bin/python -m bench.traefik_cost [--routers 10000] [--runs 3]
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import os
-import sys
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
-import aiohttp
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from bench.common import exporter_keys, fresh_etcd, ingress_keys, make_records, median, raw_write
-from bench.push_api import cpu_seconds
-from exporter.embedded import EmbeddedTraefik, start_traefik
+from bench.common import exporter_keys, fresh_etcd, ingress_keys, make_records, raw_write, until_idle, until_listed
+from bench.harness import arguments, cpu_seconds, median
+from exporter.embedded import start_traefik
 from exporter.etcd.client import EtcdClient
 from exporter.etcd.types import Op
 
 ROOT = "traefik/worker_bench"
-IDLE_CPU = 0.05  # CPU seconds per half second below which Traefik counts as idle
-
-
-async def _listed(traefik: EmbeddedTraefik, router: str) -> bool:
-    async with aiohttp.ClientSession() as session, session.get(f"{traefik.api}/api/http/routers/{router}") as resp:
-        return resp.status == 200
-
-
-async def until_listed(traefik: EmbeddedTraefik, router: str, timeout: float = 600) -> float:
-    """Until Traefik lists `router` (it applies a configuration whole: the others with it); seconds taken."""
-    started = time.monotonic()
-    while not await _listed(traefik, router):
-        if time.monotonic() - started > timeout:
-            raise RuntimeError(f"Traefik did not list {router} in {timeout}s")
-        await asyncio.sleep(0.05)
-    return time.monotonic() - started
-
-
-async def until_idle(traefik: EmbeddedTraefik, timeout: float = 900) -> float:
-    """Until Traefik spends less than IDLE_CPU per half second; the CPU seconds it spent meanwhile."""
-    started, spent = time.monotonic(), 0.0
-    while time.monotonic() - started < timeout:
-        before = cpu_seconds(traefik.proc.pid)
-        await asyncio.sleep(0.5)
-        burst = cpu_seconds(traefik.proc.pid) - before
-        spent += burst
-        if burst < IDLE_CPU:
-            return spent
-    raise RuntimeError("Traefik did not go idle")
 
 
 def dynamic_config(kvs: list[tuple[str, str]]) -> dict[str, Any]:
@@ -129,9 +93,8 @@ async def file_run(n: int) -> tuple[float, float]:
 
 
 async def main() -> None:
-    parser = argparse.ArgumentParser()
+    parser = arguments(__doc__, runs=3)
     parser.add_argument("--routers", type=int, default=10_000)
-    parser.add_argument("--runs", type=int, default=3)
     args = parser.parse_args()
     for label, measure in (("etcd provider", kv_run), ("file provider", file_run)):
         runs = [await measure(args.routers) for _ in range(args.runs)]

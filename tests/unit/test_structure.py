@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import subprocess
 import sys
 from pathlib import Path
 
@@ -175,3 +176,18 @@ def test_the_tests_are_laid_out_like_the_package() -> None:
     unmarked = [p.name for p in (tests / "integration").glob("test_*.py") if "pytest.mark.integration" not in p.read_text()]
     marked = [p.name for p in (tests / "unit").rglob("test_*.py") if "\npytestmark = pytest.mark.integration" in p.read_text()]
     assert unmarked == [] and marked == []
+
+
+def test_every_benchmark_runs_as_a_module_on_the_harness() -> None:
+    """`python -m bench.NAME --help` works for each benchmark, each takes its arguments from the harness,
+    and none edits sys.path (floor_server and relay are processes a benchmark starts, not benchmarks)."""
+    helpers = {"__init__", "common", "harness", "floor_server", "relay"}
+    names = sorted(p.stem for p in (REPO / "bench").glob("*.py") if p.stem not in helpers)
+    assert len(names) == 10
+    assert [p.name for p in (REPO / "bench").glob("*.py") if "sys.path" in p.read_text()] == []
+    assert [n for n in names if "arguments(__doc__" not in (REPO / "bench" / f"{n}.py").read_text()] == []
+    procs = {n: subprocess.Popen([sys.executable, "-m", f"bench.{n}", "--help"], cwd=REPO, stdout=subprocess.PIPE, text=True)
+             for n in names}
+    helps = {n: proc.communicate(timeout=120) for n, proc in procs.items()}
+    assert {n: procs[n].returncode for n in names} == dict.fromkeys(names, 0)
+    assert all(f"python -m bench.{n}" in out for n, (out, _err) in helps.items())
