@@ -183,6 +183,11 @@ class Reconciler:
                 changes.append((removal.ref, stored.removal(revision, time.time())))
         return changes
 
+    @property
+    def queued_requests(self) -> int:
+        """Requests staged and not yet planned (waiting in a burst, or behind the batch being written)."""
+        return self._intents.queued_requests
+
     def traefik_checked(self) -> None:
         """Traefik was just checked: wake the loop when keys held for it may be written now."""
         if self.pacer.ready():

@@ -30,6 +30,15 @@ async def etcd() -> FakeEtcd:
     return await elected_etcd()
 
 
+async def staged(rec: Reconciler, n: int) -> None:
+    """Until `n` requests wait in `rec`'s queue (not yet planned)."""
+
+    async def waiting() -> bool:
+        return rec.queued_requests == n
+
+    await eventually(waiting, timeout=5, interval=0.001)
+
+
 
 
 async def test_a_request_is_answered_once_committed_and_a_retry_writes_nothing(etcd: FakeEtcd) -> None:
@@ -161,7 +170,7 @@ async def test_a_newer_record_a_peer_commits_while_a_request_waits_to_be_planned
         await rec.submit([record(iid, upstream=UP)])
         stale = rec.submit([record(iid, revision=2, upstream=UP)]) if kind == "upsert" else rec.submit([], [Removal(ref, 2)])
         waiting = asyncio.gather(stale, rec.submit([record(other, upstream=UP)]), return_exceptions=True)
-        await asyncio.sleep(0)  # both requests staged: the loop gathers them as one burst
+        await staged(rec, 2)  # the loop gathers both as one burst
         await peer.submit([record(iid, revision=3, upstream={"servers": [{"url": "http://10.0.0.9:8000"}]})])
 
         await until_adopted(rec, ref, 3)
@@ -179,7 +188,7 @@ async def test_a_request_one_of_whose_ingresses_turns_stale_before_its_plan_writ
         await rec.submit([record(iid, upstream=UP)])
         both = rec.submit([record(iid, revision=2, upstream=UP), record(other, upstream=UP)])
         waiting = asyncio.gather(both, rec.submit([record(alone, upstream=UP)]), return_exceptions=True)
-        await asyncio.sleep(0)
+        await staged(rec, 2)
         await peer.submit([record(iid, revision=3, upstream=UP)])
 
         await until_adopted(rec, IngressRef(AUTHORITY, iid), 3)
@@ -218,7 +227,7 @@ async def test_a_refused_request_leaves_another_request_for_the_same_ingress_in_
         a = rec.submit([record(x, revision=2, upstream=UP), record(y, revision=y_of_a, upstream=UP)])
         b = rec.submit([record(y, revision=y_of_b, upstream=UP)])
         waiting = asyncio.gather(*((a, b) if refused_first else (b, a)), return_exceptions=True)
-        await asyncio.sleep(0)
+        await staged(rec, 2)
         await peer.submit([record(x, revision=5, upstream=UP)])
 
         await until_adopted(rec, IngressRef(AUTHORITY, x), 5)
@@ -238,7 +247,7 @@ async def test_a_removal_a_peer_made_newer_while_ours_waits_is_kept_and_ours_ans
     async with running(etcd, coalesce_window=1.5) as rec, running(etcd) as peer:
         await rec.submit([record(iid, upstream=UP)])
         waiting = asyncio.gather(rec.submit([], [Removal(ref, None)]), rec.submit([record(other, upstream=UP)]))
-        await asyncio.sleep(0)
+        await staged(rec, 2)
         await peer.submit([record(iid, revision=2, upstream=UP)])
         await peer.submit([], [Removal(ref, 2)])
 
@@ -527,7 +536,7 @@ async def test_a_retried_batch_writes_its_own_record_not_that_of_a_request_queue
         async def peer_edit_then_newer_request(_c: Sequence[Compare], _o: Sequence[Op]) -> None:
             await etcd.put(rule_key(x), "Host(`edited.test`)")  # the batch's compare fails: it is retried
             later.append(asyncio.create_task(rec.submit([record(x, upstream=UP, revision=3), record(y, upstream=UP, revision=4)])))
-            await asyncio.sleep(0)  # staged, behind the batch
+            await staged(rec, 1)  # behind the batch
             await etcd.put(LAYOUT.record_key(yref), record(y, upstream=UP, revision=5).value)  # a peer's newer y
 
         etcd.before_txn = peer_edit_then_newer_request
