@@ -97,11 +97,14 @@ async def test_a_task_that_returns_is_done_and_a_cancelled_one_is_not_restarted(
 
     await supervisor.spawn("once", once)
     assert runs == 1
+    running = asyncio.Event()
+
     async def blocking() -> None:
+        running.set()
         await asyncio.Event().wait()
 
     blocked = supervisor.spawn("blocked", blocking)
-    await asyncio.sleep(0)
+    await running.wait()
     blocked.cancel()
     with pytest.raises(asyncio.CancelledError):
         await blocked
