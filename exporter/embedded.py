@@ -22,11 +22,20 @@ from .errors import ConfigError
 TRAEFIK_THROTTLE = "100ms"
 
 
+# Ports this process handed out: the kernel may offer a port again until whoever took it binds it,
+# so several asked for before any is bound (a daemon's API and control ports) could collide.
+_handed_out: set[int] = set()
+
+
 def free_port() -> int:
-    """A TCP port free on 127.0.0.1 right now."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
+    """A TCP port free on 127.0.0.1 right now, never one this process handed out before."""
+    while True:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = int(sock.getsockname()[1])
+        if port not in _handed_out:
+            _handed_out.add(port)
+            return port
 
 
 def etcd_binary() -> str:
