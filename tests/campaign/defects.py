@@ -8,6 +8,7 @@ Each defect patches the running daemon before it starts; nothing of this is in t
 
 from __future__ import annotations
 
+import asyncio
 import os
 import random
 import sys
@@ -97,11 +98,26 @@ def keeps_keys() -> None:
 def every_one_leads() -> None:
     """Every sidecar says it leads (rule 6)."""
     set_leading = exporter.leader.Leadership._set
+    campaign = exporter.leader.Leadership.run
 
     def leading(self: exporter.leader.Leadership, _leader: bool, why: str) -> None:
         set_leading(self, True, why)
 
+    async def claiming(self: exporter.leader.Leadership) -> None:
+        # A follower that never loses its lease would never call _set: each sidecar also claims
+        # to lead 10 s after it starts (once the fleet came up with one leader, as set-up waits for).
+        async def claim() -> None:
+            await asyncio.sleep(10)
+            set_leading(self, True, "planted: claims to lead")
+
+        claimed = asyncio.create_task(claim())
+        try:
+            await campaign(self)
+        finally:
+            claimed.cancel()
+
     _patch(exporter.leader.Leadership, "_set", leading)
+    _patch(exporter.leader.Leadership, "run", claiming)
 
 
 def leaks() -> None:
