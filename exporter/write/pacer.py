@@ -19,6 +19,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from ..keys import IngressRef
+from ..metrics import Sample
 
 
 @dataclass(frozen=True)
@@ -100,7 +101,7 @@ class Pacer:
         """Forget everything held (leadership lost: the next leader renders whatever keys are missing)."""
         self._held.clear()
 
-    def counts(self) -> list[tuple[tuple[str], float]]:
+    def counts(self) -> list[Sample]:
         """Held ingresses per root (the paced-ingresses gauge, read at scrape)."""
         return [((root,), float(len(self._held.get(root, ())))) for root in sorted(self._roots)]
 

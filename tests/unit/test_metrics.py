@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import ast
+import importlib
+import inspect
 
 import pytest
 from loguru import logger
 from prometheus_client import generate_latest
 
+import exporter.discovery
 from exporter.assembly.parts import assemble
 from exporter.config import Settings
 from exporter.keys import IngressRef
@@ -73,17 +76,31 @@ def test_no_metric_is_made_outside_the_metrics_module() -> None:
     assert made == []
 
 
-@pytest.mark.parametrize("module", ["parts.py", "factories.py"])
+def _takes_metrics(obj: object) -> bool:
+    try:
+        return callable(obj) and "metrics" in inspect.signature(obj).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+@pytest.mark.parametrize("module", ["parts", "factories", "apps"])
 def test_the_assembly_hands_its_metrics_to_every_part_that_counts(module: str) -> None:
-    """A part that takes `metrics` and is built without it would count on a registry nobody scrapes."""
-    takes = {"Supervisor", "Leadership", "HealthEngine", "PassiveHealth", "TraefikApi", "TraefikObserver", "Notifier", "Discovery"}
-    tree = ast.parse((PACKAGE / "assembly" / module).read_text())
-    missing = [
-        f"{module}:{node.lineno} {node.func.id}"
-        for node in ast.walk(tree)
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in takes
-        and "metrics" not in {k.arg for k in node.keywords}
-    ]
+    """A part that takes `metrics` and is built without it would count on a registry nobody scrapes
+    (which parts take it is read from their signatures)."""
+    source = importlib.import_module(f"exporter.assembly.{module}")
+    names = {**vars(exporter.discovery), **vars(source)}  # factories imports Discovery only when it is configured
+    takes = {name for name, obj in names.items() if _takes_metrics(obj)}
+    tree = ast.parse((PACKAGE / "assembly" / f"{module}.py").read_text())
+    # Defaults of a signature build nothing the daemon runs (the CLI's one-shot reconciler).
+    defaults = {id(d) for f in ast.walk(tree) if isinstance(f, ast.FunctionDef) for d in [*f.args.defaults, *f.args.kw_defaults]}
+    calls = [node for node in ast.walk(tree) if isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+             and node.func.id in takes and id(node) not in defaults]
+    assert calls
+
+    def passes(call: ast.Call) -> bool:
+        return "metrics" in {k.arg for k in call.keywords} or any(isinstance(a, ast.Name) and a.id == "metrics" for a in call.args)
+
+    missing = [f"{module}.py:{c.lineno} {ast.unparse(c.func)}" for c in calls if not passes(c)]
     assert missing == []
 
 
