@@ -86,7 +86,10 @@ def cmd_render(args: argparse.Namespace) -> int:
         for key, value in root_keys(root, certificate).items():
             out[key] = "<generated certificate>" if certificate.generated and "defaultCertificate" in key else value
     for record in records:
-        out.update(renderer.render(record.ingress, cache_key=record.value).kv)
+        rendered = renderer.render(record.ingress, cache_key=record.value)
+        out.update(rendered.kv)
+        for shared in rendered.shared:
+            out.update(shared.kv)
     for authority in sorted({r.key.authority for r in records}):
         # Free-text authorities stay verbatim in keys; object names use a safe label (docs/ingress.md).
         label = layout.object_label(authority)

@@ -5,6 +5,9 @@ the exporter owns the root keys below and every object named for one of its ingr
 `<label>_<id>` or `<label>_<id>_<suffix>`, where the label is the authority itself when it is
 a lowercase DNS label, and otherwise a safe label derived from it (`<sanitized>--<hash>`).
 Neither label nor id may contain `_`, so an object name alone says which ingress it belongs to.
+Objects several ingresses define identically (edge middlewares, servers transports) are shared:
+one object per root named from its content, `shared-<kind>-<hash>` (no `_`: it names no
+ingress), owned by the root while a router or service references it.
 Beside the roots: the records (`<records>/<authority>/<id>`), the published health documents
 (`<health>/<authority>/<id>`) and the election key.
 """
@@ -29,6 +32,9 @@ BEACON_KEY = f"http/middlewares/{BEACON_NAME}/headers/customRequestHeaders/{BEAC
 ROOT_OWNED = frozenset({OWNER_KEY, CERT_KEY, KEY_KEY, BEACON_KEY})
 # Traefik's configuration kinds: the first segment of an object path under a root.
 _KINDS = frozenset({"http", "tcp", "udp"})
+# Shared objects: their name's prefix, and the sections they are in with what references them.
+SHARED_PREFIX = "shared-"
+SHARED_SECTIONS = {"middlewares": "routers", "serversTransports": "services"}
 # An authority used verbatim in object names: a lowercase DNS label, not all digits.
 _VERBATIM_RE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?\Z")
 _HASH_CHARS = 16
@@ -188,6 +194,28 @@ class KeyLayout:
         if len(parts) < 2 or not parts[0] or not parts[1]:
             return None
         return parts[0], parts[1]
+
+    @staticmethod
+    def is_shared(object_path: str) -> bool:
+        """True for the path of a shared object (`<root>/http/middlewares/shared-...`)."""
+        head, _, name = object_path.rpartition("/")
+        return name.startswith(SHARED_PREFIX) and head.rpartition("/")[2] in SHARED_SECTIONS and "_" not in name
+
+    def shared_reference(self, key: str, value: str) -> str | None:
+        """The shared object a key names, when it is a reference to one: a router's middleware
+        (`.../http/routers/<r>/middlewares/<i>`) or a service's `serversTransport`."""
+        if not value.startswith(SHARED_PREFIX):
+            return None
+        obj = self.object_of(key)
+        if obj is None:
+            return None
+        head, _, section = obj.rpartition("/")[0].rpartition("/")
+        rest = key[len(obj) + 1 :]
+        if section == "routers" and rest.startswith("middlewares/"):
+            return f"{head}/middlewares/{value}"
+        if section == "services" and rest.endswith("serversTransport"):
+            return f"{head}/serversTransports/{value}"
+        return None
 
     def owner_of_object(self, object_path: str) -> IngressRef | None:
         """The ingress an object path is named for; None when its label stands for no authority met so far."""

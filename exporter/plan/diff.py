@@ -1,10 +1,12 @@
-"""The diff of one ingress (or one root's own keys): desired keys against what etcd holds for it.
+"""The diff of one ingress (or one root's own keys, or one shared object): desired keys against what etcd holds for it.
 
 Pure functions, no side effects: the planner calls them per ingress, `diff` and `run --dry-run`
 print what they return. Order and guards are the commit rule's (plan/guards.py).
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
 
 from ..etcd.types import Compare
 from ..keys import IngressRef
@@ -73,3 +75,31 @@ def plan_root(
     if not changes:
         return None
     return UnitPlan(name=f"root {root}", changes=changes, compares=compares, root=root)
+
+
+def plan_shared(
+    path: str, root: str, desired: Mapping[str, str], observed: dict[str, tuple[str, int]], *, standalone: bool
+) -> UnitPlan | None:
+    """Diff one shared object (render/shared.py) against its observed keys.
+
+    Its name is its content: any writer writes the same keys, so the puts need no guard.
+    """
+    changes = [Change(key, observed[key][0] if key in observed else None, value)
+               for key, value in desired.items() if key not in observed or observed[key][0] != value]
+    changes += [Change(key, value, None) for key, (value, _mod) in observed.items() if key not in desired]
+    if not changes:
+        return None
+    return UnitPlan(name=f"shared {path}", changes=changes, compares=[], root=root, shared=path, standalone=standalone)
+
+
+def plan_orphan(path: str, root: str, observed: dict[str, tuple[str, int]], referrers: str, seen: int) -> UnitPlan:
+    """Delete a shared object no key references, as seen at revision `seen`.
+
+    Guarded by the section whose keys reference it (`referrers`: `<root>/http/routers/`): a
+    writer that named it since then fails the compare, and the object stays.
+    """
+    changes = [Change(key, value, None) for key, (value, _mod) in sorted(observed.items())]
+    compares = [Compare(referrers, "LESS", seen + 1, prefix=True)]
+    return UnitPlan(
+        name=f"shared {path}", changes=changes, compares=compares, root=root, removed=True, shared=path, standalone=True,
+    )

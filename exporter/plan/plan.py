@@ -30,7 +30,7 @@ class Change(NamedTuple):
 
 @dataclass(slots=True)
 class UnitPlan:
-    """The changes of one ingress (`owner` set) or of one root's own keys (`owner` None).
+    """The changes of one ingress (`owner` set), of one root's own keys, or of one shared object (`owner` None).
 
     `changes` are in a safe order for splitting: router deletes, other puts, router puts,
     other deletes (so no router ever references a missing object), with the record placed
@@ -52,6 +52,13 @@ class UnitPlan:
     keys_held: bool = False
     # The object subtrees (paths) the ingress's keys are in, observed or desired: what a conflict re-reads.
     objects: tuple[str, ...] = ()
+    # The shared objects (path, witness key) the ingress's keys newly reference: each exists when
+    # the reference commits (written in the same transaction, or compared present).
+    needs: tuple[tuple[str, str], ...] = ()
+    # For a shared object's unit (owner None): its path. Written with the first unit that needs
+    # it, unless `standalone` (a repair of one in use, or an orphan's deletion).
+    shared: str = ""
+    standalone: bool = False
 
 
 @dataclass(slots=True)

@@ -7,13 +7,14 @@ from collections.abc import Iterable, Mapping
 from loguru import logger
 
 from ..errors import TemplateError
-from ..keys import CERT_KEY, KEY_KEY, IngressRef, KeyLayout
+from ..keys import CERT_KEY, KEY_KEY, SHARED_SECTIONS, IngressRef, KeyLayout
 from ..render.renderer import Renderer, RenderKey
 from ..render.root_keys import DefaultCertificate, root_keys
+from ..render.shared import SharedObject
 from ..roles import Ejections, NoEjections
 from ..store.observed import Observed
 from ..store.records import Record
-from .diff import plan_ingress, plan_root
+from .diff import plan_ingress, plan_orphan, plan_root, plan_shared
 from .plan import Plan, UnitPlan
 
 _NO_EJECTIONS = NoEjections()
@@ -25,6 +26,11 @@ class Planner:
     An ingress found as it renders is remembered with what its render depended on and the
     stamp of its observed keys: while neither changes, planning it again (every full pass)
     only compares the two, without rendering or diffing it.
+
+    Shared objects (render/shared.py) are planned beside the ingresses that reference them:
+    one that a planned ingress references and etcd does not hold as rendered is written (with
+    the first transaction that needs it); with the roots, every one in use that differs is
+    repaired and every orphan is deleted.
     """
 
     def __init__(self, renderer: Renderer, layout: KeyLayout, certificate: DefaultCertificate) -> None:
@@ -76,13 +82,53 @@ class Planner:
             unit = self._plan_root(root, observed)
             if unit is not None:
                 plan.units.append(unit)
+        owned: list[UnitPlan] = []
+        shared: dict[str, SharedObject] = {}
         for ref in sorted(wanted):
-            unit = self._plan_owner(ref, desired.get(ref), observed, ejections)
+            unit = self._plan_owner(ref, desired.get(ref), observed, ejections, shared)
             if unit is not None:
-                plan.units.append(unit)
+                owned.append(unit)
+        plan.units += self._plan_shared(shared, observed, sorted(roots) if include_roots else [])
+        plan.units += owned
+        if include_roots:
+            plan.units += self._plan_orphans(sorted(roots), shared, observed)
         if full:
             plan.foreign = self._foreign(desired, observed, observed_records)
         return plan
+
+    def plan_orphans(self, roots: Iterable[str], observed: Observed) -> Plan:
+        """The deletion of every shared object under `roots` that nothing references."""
+        return Plan(units=self._plan_orphans(sorted(roots), {}, observed))
+
+    def _plan_shared(self, wanted: Mapping[str, SharedObject], observed: Observed, roots: list[str]) -> list[UnitPlan]:
+        """The shared objects planned ingresses reference, and (with `roots`) every one in use there, that etcd holds otherwise."""
+        objects = dict(wanted)
+        for root in roots:
+            for path in observed.referenced(root):
+                found = self._renderer.shared.get(path)
+                if found is not None:
+                    objects.setdefault(path, found)
+        units = []
+        for path, obj in sorted(objects.items()):
+            root = path.rsplit("/", 3)[0]
+            unit = plan_shared(path, root, obj.kv, observed.shared(path), standalone=observed.references(path) > 0)
+            if unit is not None:
+                units.append(unit)
+        return units
+
+    def _plan_orphans(self, roots: list[str], wanted: Mapping[str, SharedObject], observed: Observed) -> list[UnitPlan]:
+        """Delete the shared objects of `roots` that nothing references and no planned ingress wants."""
+        seen = observed.own.run_after(observed.keys_seen)
+        units = []
+        for root in roots:
+            for path in observed.orphans(root):
+                if path in wanted:
+                    continue
+                section = path.rsplit("/", 2)[1]
+                # Its content is kept while it is in use, to repair it; rendered again if wanted again.
+                self._renderer.shared.forget(path)
+                units.append(plan_orphan(path, root, observed.shared(path), f"{root}/http/{SHARED_SECTIONS[section]}/", seen))
+        return units
 
     def _plan_root(self, root: str, observed: Observed) -> UnitPlan | None:
         keys = root_keys(root, self._certificate)
@@ -93,7 +139,9 @@ class Planner:
         seen = {k: kv for k in keys if (kv := observed.get(k)) is not None}
         return plan_root(root, keys, seen, keep)
 
-    def _plan_owner(self, ref: IngressRef, record: Record | None, observed: Observed, ejections: Ejections) -> UnitPlan | None:
+    def _plan_owner(
+        self, ref: IngressRef, record: Record | None, observed: Observed, ejections: Ejections, shared: dict[str, SharedObject]
+    ) -> UnitPlan | None:
         rkey = self._layout.record_key(ref)
         observed_record = observed.record(rkey)
         self._errors.pop(ref, None)
@@ -102,6 +150,7 @@ class Planner:
             return None
         desired_kv: dict[str, str] | None = None
         desired_objects: tuple[str, ...] = ()
+        references: tuple[SharedObject, ...] = ()
         render_key = None
         if record is None or record.removed:
             self._as_rendered.pop(ref, None)
@@ -122,10 +171,12 @@ class Planner:
                 return None
             desired_kv = rendered.kv
             desired_objects = tuple(f"{rendered.root}/{o}" for o in rendered.objects)
+            references = rendered.shared
+        observed_objects = observed.objects_of(ref)
         unit = plan_ingress(
             owner=ref,
             desired=desired_kv,
-            observed_objects=observed.objects_of(ref),
+            observed_objects=observed_objects,
             desired_objects=desired_objects,
             record_key=rkey,
             desired_record=record,
@@ -136,6 +187,11 @@ class Planner:
         if unit is None and render_key is not None:
             self._as_rendered[ref] = (render_key, observed.stamp(ref))
             self._renderer.forget(render_key)
+        if unit is not None and references:
+            for obj in references:
+                shared[obj.path] = obj
+            named = {self._layout.shared_reference(k, v) for keys in observed_objects.values() for k, (v, _m) in keys.items()}
+            unit.needs = tuple((o.path, o.witness) for o in references if o.path not in named)
         return unit
 
     def _foreign(

@@ -95,13 +95,29 @@ class Committer:
         requested = dict(batch.requested)
         refs = list(dict.fromkeys([*requested, *(batch.dirty if self._leader.is_leader() else ())]))
         async with self._mirror.watches.paused_for_bulk(len(refs) >= _BULK):
-            return await self._commit_refs(refs, requested, batch, outcome)
+            await self._commit_refs(refs, requested, batch, outcome)
+        if outcome.error is None and self._leader.is_leader() and self._observed.orphans():
+            await self._delete_orphans(outcome)
+        return outcome
+
+    async def _delete_orphans(self, outcome: Outcome) -> None:
+        """Delete the shared objects no key references any more (the last ingress naming one changed or went).
+
+        One attempt: a writer that named one meanwhile makes it fail, and the next plan of its root tries again.
+        """
+        roots = sorted({path.rsplit("/", 3)[0] for path in self._observed.orphans()})
+        plan = self._planner.plan_orphans(roots, self._observed)
+        try:
+            await self._apply(plan, {}, {}, outcome)
+        except EtcdError as exc:
+            outcome.error = exc
 
     async def _commit_refs(self, refs: list[IngressRef], requested: dict[IngressRef, int], batch: Batch, outcome: Outcome) -> Outcome:
         """Plan and write `refs`, re-reading and re-planning what lost a compare (up to 8 times)."""
         try:
             for attempt in range(_MAX_CONFLICT_RETRIES):
-                conflicted = await self._plan_and_apply(refs, requested, batch, outcome)
+                # An orphan's deletion or a root's key that lost a compare is planned again with its root.
+                conflicted = [u for u in await self._plan_and_apply(refs, requested, batch, outcome) if u.owner is not None]
                 if not conflicted or outcome.error is not None:
                     return outcome
                 await self._mirror.refresh(conflicted)
@@ -198,17 +214,21 @@ class Committer:
         first = min(groups.values(), default=-1)
         pushed: dict[int, list[UnitPlan]] = {}
         own: list[list[UnitPlan]] = []
+        # Shared objects the units need: each apply writes one with its first transaction that needs it.
+        shared: dict[str, UnitPlan] = {}
         for unit in units:
-            if unit.owner is not None and unit.owner in groups:
+            if unit.shared and not unit.standalone:
+                shared[unit.shared] = unit
+            elif unit.owner is not None and unit.owner in groups:
                 pushed.setdefault(groups[unit.owner], []).append(unit)
-            elif unit.owner is None and first >= 0:
+            elif unit.owner is None and not unit.shared and first >= 0:
                 # A root's own keys ride with the first request (create-only: no fence needed).
                 pushed.setdefault(first, []).append(unit)
             else:
                 own.append([unit])
-        applies = [self._writer.apply(list(pushed.values()))]
+        applies = [self._writer.apply(list(pushed.values()), shared=shared)]
         if own:
-            applies.append(self._writer.apply(own, self._leader.fence()))
+            applies.append(self._writer.apply(own, self._leader.fence(), shared=shared))
         result, *more = await asyncio.gather(*applies)
         for other in more:
             result.merge(other)
@@ -239,7 +259,7 @@ class Committer:
         for unit in units:
             if unit.owner in groups:
                 continue
-            reason = reasons.get(unit.owner) if unit.owner else "reconcile"
+            reason = reasons.get(unit.owner) if unit.owner else "shared" if unit.shared else "reconcile"
             if reason is None or reason == "request":  # held keys of a request: logged as requests are, by their txn
                 continue
             if reason == "drift":

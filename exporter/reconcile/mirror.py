@@ -106,7 +106,7 @@ class Mirror:
                 self._observed.set(compare.key, value, found.mod_revision if found else 0)
                 if unit.owner is not None and compare.key == self._layout.record_key(unit.owner):
                     self.adopt_record(compare.key, value)
-            for obj in unit.objects:  # read after the record: its keys are at least as new
+            for obj in [*unit.objects, *(path for path, _witness in unit.needs)]:  # after the record: at least as new
                 page = await self._etcd.range_prefix(obj + "/")
                 self._observed.replace_object(obj, page.kvs)
 

@@ -20,7 +20,7 @@ def fragment(context: RenderContext) -> dict[str, Any]:
     ingress = context["ingress"]
     if ingress["protocol"] == "tcp":
         return {"tcp": _tcp(context)}
-    return {"http": _http(context, ingress)}
+    return {"http": _http(context)}
 
 
 def _canary_split(name: str, primary: Group, canary: Group) -> dict[str, Any]:
@@ -30,7 +30,7 @@ def _canary_split(name: str, primary: Group, canary: Group) -> dict[str, Any]:
     ]}}
 
 
-def _http(context: RenderContext, ingress: dict[str, Any]) -> dict[str, Any]:
+def _http(context: RenderContext) -> dict[str, Any]:
     name = context["name"]
     router: dict[str, Any] = {
         "rule": context["rule"], "service": name, "entryPoints": list(context["entrypoints"]),
@@ -46,25 +46,17 @@ def _http(context: RenderContext, ingress: dict[str, Any]) -> dict[str, Any]:
     transport = context["transport_name"]
     for group in context["groups"]:
         services.update(_http_group(group, transport))
-    http: dict[str, Any] = {"routers": {name: router}, "services": services}
-    middlewares: dict[str, Any] = {}
-    if ingress["allowed_client_ips"]:
-        allow: dict[str, Any] = {"sourceRange": list(ingress["allowed_client_ips"])}
-        if context["ip_strategy"]:
-            allow["ipStrategy"] = context["ip_strategy"]
-        middlewares[f"{name}_allow"] = {"ipAllowList": allow}
-    middlewares.update(context["edge_middlewares"])
-    if middlewares:
-        http["middlewares"] = middlewares
-    if transport:
-        http["serversTransports"] = {transport: context["transport"]}
-    return http
+    return {"routers": {name: router}, "services": services}
 
 
 def _http_group(group: Group, transport: str | None) -> dict[str, Any]:
     service = group["service"]
     if group["kind"] == "servers":
-        lb: dict[str, Any] = {"servers": [dict(s) for s in group["lb_servers"]], "passHostHeader": True}
+        lb: dict[str, Any] = {"servers": [dict(s) for s in group["lb_servers"]]}
+        if not group["lb_servers"]:
+            # Traefik's default, written only where it is the load balancer's one key: a service
+            # without keys does not exist, and a router naming it answers 404 instead of 503.
+            lb["passHostHeader"] = True
         if transport:
             lb["serversTransport"] = transport
         return {service: {"loadBalancer": lb}}

@@ -16,6 +16,13 @@ class Server(TypedDict):
     weight: int
 
 
+class LbServer(TypedDict):
+    """A server as Traefik's load balancer takes it: a weight of 1 (Traefik's default) is left out."""
+
+    url: str
+    weight: NotRequired[int]
+
+
 class TcpServer(TypedDict):
     """A tcp load balancer's server."""
 
@@ -38,7 +45,7 @@ class Group(TypedDict):
     # With a canary: the group's share of traffic in the parent `weighted` service.
     weight: NotRequired[int]
     servers: NotRequired[list[Server]]
-    lb_servers: NotRequired[list[Server]]
+    lb_servers: NotRequired[list[LbServer]]
     tcp_servers: NotRequired[list[TcpServer]]
     instances: NotRequired[list[Instance]]
 
@@ -48,13 +55,12 @@ class RenderContext(TypedDict):
 
     # The validated ingress as `model_dump(mode="json")` has it (the fast path gets only the fields it reads).
     ingress: dict[str, Any]
+    # The router's middlewares: the shared edge ones (render/shared.py), then the ingress's own references.
     middlewares: list[str]
-    edge_middlewares: dict[str, dict[str, Any]]
+    # The shared servers transport the load balancers name (None: Traefik's default).
     transport_name: str | None
-    transport: dict[str, Any] | None
     priority: int
     router_tls: bool | dict[str, Any] | None
-    ip_strategy: dict[str, Any] | None
     name: str
     rule: str
     entrypoints: list[str]

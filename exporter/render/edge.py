@@ -3,13 +3,14 @@
 - the router rule: an allowlist of paths and methods (`paths`, `profile`), hostile spellings and
   blocked segments refused, the ingress's health path always allowed for GET/HEAD;
 - the router priority (one place: the template and the fast path both read it);
-- the servers transport: `<name>_tls` when `upstream_tls` is set (its name is kept, so TLS
-  ingresses keep their keys), else `<name>_transport` when timeouts or `keepalive: false` need
+- the servers transport's definition, when `upstream_tls`, timeouts or `keepalive: false` need
   one; forwarding timeouts are the ingress's, else the configured defaults;
-- the middlewares of `limits` and `retry`, in the router's order before the user's own.
+- the middlewares of `allowed_client_ips`, `limits` and `retry`, in the router's order before
+  the user's own.
 
-`EdgePolicy.admit` checks what the configuration bounds (timeouts, CA file directories) before
-anything is queued.
+Middlewares and transports are definitions: the renderer names each from its content and
+shares it within the root (render/shared.py). `EdgePolicy.admit` checks what the configuration
+bounds (timeouts, CA file directories) before anything is queued.
 """
 
 from __future__ import annotations
@@ -93,8 +94,8 @@ class EdgePolicy:
 
     # ----- the transport
 
-    def transport(self, ingress: Ingress, name: str) -> tuple[str | None, dict[str, Any] | None]:
-        """The serversTransport's name and content (both None when the ingress needs none)."""
+    def transport(self, ingress: Ingress) -> dict[str, Any] | None:
+        """The servers transport's definition (None when the ingress needs none)."""
         out: dict[str, Any] = {}
         tls = ingress.upstream_tls
         if tls is not None:
@@ -109,9 +110,7 @@ class EdgePolicy:
         timeouts = self._timeouts(ingress)
         if timeouts:
             out["forwardingTimeouts"] = timeouts
-        if tls is not None:
-            return f"{name}_tls", out
-        return (f"{name}_transport", out) if out else (None, None)
+        return out or None
 
     def _ca(self, path: str | None, ingress: Ingress) -> str | None:
         if path is None:
@@ -136,9 +135,15 @@ class EdgePolicy:
     # ----- middlewares
 
     @staticmethod
-    def middlewares(ingress: Ingress, name: str) -> dict[str, dict[str, Any]]:
-        """The middlewares `limits` and `retry` render to, by name, in the router's order."""
-        out: dict[str, dict[str, Any]] = {}
+    def middlewares(ingress: Ingress) -> list[tuple[str, dict[str, Any]]]:
+        """The middlewares `allowed_client_ips`, `limits` and `retry` render to, as (kind, definition), in the router's order."""
+        out: list[tuple[str, dict[str, Any]]] = []
+        if ingress.protocol == "http" and ingress.allowed_client_ips:
+            allow: dict[str, Any] = {"sourceRange": list(ingress.allowed_client_ips)}
+            strategy = ingress.allowed_client_ips_strategy
+            if strategy is not None:
+                allow["ipStrategy"] = {"depth": strategy.depth, **({"excludedIPs": strategy.excluded_ips} if strategy.excluded_ips else {})}
+            out.append(("allow", {"ipAllowList": allow}))
         limits = ingress.limits
         if limits is not None and limits.rate is not None:
             rate: dict[str, Any] = {"average": limits.rate.average}
@@ -146,16 +151,16 @@ class EdgePolicy:
                 rate["burst"] = limits.rate.burst
             if limits.rate.period is not None:
                 rate["period"] = duration(limits.rate.period)
-            out[f"{name}_rate"] = {"rateLimit": rate}
+            out.append(("rate", {"rateLimit": rate}))
         if limits is not None and limits.max_in_flight is not None:
-            out[f"{name}_inflight"] = {"inFlightReq": {"amount": limits.max_in_flight}}
+            out.append(("inflight", {"inFlightReq": {"amount": limits.max_in_flight}}))
         if limits is not None and limits.max_body_bytes is not None:
-            out[f"{name}_body"] = {"buffering": {"maxRequestBodyBytes": limits.max_body_bytes}}
+            out.append(("body", {"buffering": {"maxRequestBodyBytes": limits.max_body_bytes}}))
         if ingress.retry is not None:
             retry: dict[str, Any] = {"attempts": ingress.retry.attempts}
             if ingress.retry.initial_interval is not None:
                 retry["initialInterval"] = duration(ingress.retry.initial_interval)
-            out[f"{name}_retry"] = {"retry": retry}
+            out.append(("retry", {"retry": retry}))
         return out
 
 

@@ -35,10 +35,11 @@ from ..ingress import (
 )
 from ..keys import IngressRef, KeyLayout
 from . import builtin
-from .context import Group, RenderContext, Server
+from .context import Group, LbServer, RenderContext, Server
 from .edge import EdgePolicy
 from .flatten import flatten
 from .rules import http_rule, tcp_rule
+from .shared import SharedObject, SharedObjects
 from .traefik_schema import Fragment
 
 
@@ -62,11 +63,13 @@ RenderKey = tuple[str, frozenset[str], int, int]
 
 @dataclass(frozen=True, slots=True)
 class RenderedIngress:
-    """The keys one ingress owns: `objects` are the object paths (`http/routers/<name>`) under `root`."""
+    """The keys one ingress owns: `objects` are the object paths (`http/routers/<name>`) under `root`;
+    `shared` the shared objects (render/shared.py) its keys reference."""
 
     root: str
     objects: tuple[str, ...]
     kv: dict[str, str]
+    shared: tuple[SharedObject, ...] = ()
 
 
 def traefik_weights(weights: Sequence[int | float]) -> list[int]:
@@ -74,6 +77,13 @@ def traefik_weights(weights: Sequence[int | float]) -> list[int]:
     if all(float(w).is_integer() for w in weights):
         return [int(w) for w in weights]
     return [round(w * 1000) for w in weights]
+
+
+def _lb_servers(servers: list[Server]) -> list[LbServer]:
+    out: list[LbServer] = []
+    for server in servers:
+        out.append({"url": server["url"]} if server["weight"] == 1 else {"url": server["url"], "weight": server["weight"]})
+    return out
 
 
 def _group(upstream: ServersUpstream | AiProxyMultiUpstream | PluginUpstream, ejected: frozenset[str]) -> Group:
@@ -85,8 +95,9 @@ def _group(upstream: ServersUpstream | AiProxyMultiUpstream | PluginUpstream, ej
         return {
             "kind": "servers",  # plugin kinds render as a plain load balancer too
             "servers": weighted,
-            # Ready-made Traefik server lists, so templates need no loop (rendering is the hot path).
-            "lb_servers": weighted,
+            # Ready-made Traefik server lists, so templates need no loop (rendering is the hot path);
+            # a weight of 1 is Traefik's default and is not written.
+            "lb_servers": _lb_servers(weighted),
             # tcp://host:port -> host:port (the URL was validated: no path or credentials)
             "tcp_servers": [{"address": s.url.partition("://")[2].rstrip("/")} for s in servers],
         }
@@ -97,7 +108,7 @@ def _group(upstream: ServersUpstream | AiProxyMultiUpstream | PluginUpstream, ej
 
 def _fast_fields(ingress: Ingress) -> dict[str, Any]:
     """The fields of `ingress` the built-in fast path reads, as `model_dump(mode="json")` has them."""
-    return {"protocol": ingress.protocol, "hosts": ingress.hosts, "allowed_client_ips": ingress.allowed_client_ips}
+    return {"protocol": ingress.protocol, "hosts": ingress.hosts}
 
 
 def _router_tls(tls: bool | RouterTls | None) -> bool | dict[str, Any] | None:
@@ -114,13 +125,6 @@ def _router_tls(tls: bool | RouterTls | None) -> bool | dict[str, Any] | None:
     if tls.domains:
         section["domains"] = [{"main": d.main, **({"sans": d.sans} if d.sans else {})} for d in tls.domains]
     return section or True
-
-
-def _ip_strategy(ingress: Ingress) -> dict[str, Any] | None:
-    strategy = ingress.allowed_client_ips_strategy
-    if strategy is None:
-        return None
-    return {"depth": strategy.depth, **({"excludedIPs": strategy.excluded_ips} if strategy.excluded_ips else {})}
 
 
 def _environment(template_dir: Path | None) -> SandboxedEnvironment:
@@ -181,6 +185,7 @@ class Renderer:
         self._cache: OrderedDict[RenderKey, RenderedIngress] = OrderedDict()
         self._builtin = self._builtin_protocols()
         self._generation = 0  # of the templates
+        self.shared = SharedObjects()
 
     def _builtin_protocols(self) -> frozenset[str]:
         # Protocols whose template is not overridden in templates.dir take the Python fast path.
@@ -254,19 +259,17 @@ class Renderer:
             groups = [primary, canary]
         fast = ingress.protocol in self._builtin
         http = ingress.protocol == "http"
-        edge_middlewares = self._edge.middlewares(ingress, name) if http else {}
-        transport_name, transport = self._edge.transport(ingress, name) if http else (None, None)
+        root = self._layout.root(ingress.authority)
+        shared = [self.shared.object(root, "middlewares", kind, d) for kind, d in self._edge.middlewares(ingress)] if http else []
+        definition = self._edge.transport(ingress) if http else None
+        transport = self.shared.object(root, "serversTransports", "transport", definition) if definition else None
         context: RenderContext = {
-            # The fast path reads three fields; a whole JSON dump is for templates.
+            # The fast path reads two fields; a whole JSON dump is for templates.
             "ingress": _fast_fields(ingress) if fast else ingress.model_dump(mode="json"),
-            "middlewares": [*([f"{name}_allow"] if http and ingress.allowed_client_ips else []), *edge_middlewares,
-                            *(ingress.middlewares or [])],
-            "edge_middlewares": edge_middlewares,
-            "transport_name": transport_name,
-            "transport": transport,
+            "middlewares": [*(o.path.rpartition("/")[2] for o in shared), *(ingress.middlewares or [])],
+            "transport_name": transport.path.rpartition("/")[2] if transport else None,
             "priority": self._edge.priority(ingress),
             "router_tls": _router_tls(ingress.tls),
-            "ip_strategy": _ip_strategy(ingress),
             "name": name,
             "rule": self._edge.rule(ingress) if http else tcp_rule(ingress.hosts, ingress.allowed_client_ips),
             "entrypoints": ingress.entrypoints or self._default_entrypoints,
@@ -279,8 +282,9 @@ class Renderer:
         else:
             data = _validated(self._template_text(template_name, context, ingress), template_name, name, ingress)
         objects = [f"{proto}/{kind}/{obj}" for proto, section in data.items() for kind, objs in section.items() for obj in objs]
-        root = self._layout.root(ingress.authority)
-        return RenderedIngress(root=root, objects=tuple(objects), kv=flatten(data, root))
+        if transport is not None:
+            shared.append(transport)
+        return RenderedIngress(root=root, objects=tuple(objects), kv=flatten(data, root), shared=tuple(shared))
 
     def _template_text(self, template_name: str, context: RenderContext, ingress: Ingress) -> str:
         try:

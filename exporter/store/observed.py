@@ -1,7 +1,9 @@
 """A mirror of the keys observed in etcd under the managed roots and the records prefix.
 
 Fed by paged range reads, by the writer's own committed transactions and by the watch;
-indexed by owning ingress so that planning one ingress touches only its own keys.
+indexed by owning ingress so that planning one ingress touches only its own keys. Shared
+objects (render/shared.py) are indexed by path, with how many keys reference each: one no key
+references is an orphan, deleted by the next plan of its root.
 """
 
 from __future__ import annotations
@@ -30,6 +32,11 @@ class Observed:
         self._owned: dict[tuple[str, str], list[str]] = {}
         # Keys under the roots in no object named for an ingress (the root's own, anything foreign).
         self._loose: set[str] = set()
+        # Shared objects: their keys, the number of keys referencing each (routers' middlewares,
+        # services' transports; present or not), and those present that nothing references.
+        self._shared: dict[str, list[str]] = {}
+        self._refs: dict[str, int] = {}
+        self._orphans: set[str] = set()
         self.beacons = Beacons()
         self.revision = 0
         # Every write under the roots up to this revision is in the mirror (the roots' watch has
@@ -40,27 +47,53 @@ class Observed:
 
     def set(self, key: str, value: str | None, mod_revision: int) -> None:
         """Record a put (value) or delete (None) seen at `mod_revision`."""
+        old = self._values.get(key)
+        if old is not None and old != value:
+            self._reference(key, old, -1)
         if value is not None:
-            known = key in self._values
             self._values[key] = value
             self._mods[key] = mod_revision
+            if old != value:
+                self._reference(key, value, 1)
             if key.endswith(BEACON_KEY) and (root := self.layout.beacon_root(key)) is not None:
                 self.beacons.written(root, value, mod_revision)
-            if not known:
+            if old is None:
                 self._index(key)
             return
-        if self._values.pop(key, None) is None:
+        if old is None:
             return
+        del self._values[key]
         del self._mods[key]
-        _obj, owner = self._owner_of(key)
-        keys = self._owned.get(owner) if owner is not None else None
-        if owner is None or keys is None:
+        obj, owner = self._owner_of(key)
+        if obj is not None and obj in self._shared:
+            keys = self._shared[obj]
+            keys.remove(key)
+            if not keys:
+                del self._shared[obj]
+                self._orphans.discard(obj)
+            return
+        owned = self._owned.get(owner) if owner is not None else None
+        if owner is None or owned is None:
             self._loose.discard(key)
             return
-        if key in keys:
-            keys.remove(key)
-        if not keys:
+        if key in owned:
+            owned.remove(key)
+        if not owned:
             del self._owned[owner]
+
+    def _reference(self, key: str, value: str, delta: int) -> None:
+        """Count `key` (holding `value`) as a reference to a shared object, or stop counting it."""
+        obj = self.layout.shared_reference(key, value)
+        if obj is None:
+            return
+        count = self._refs.get(obj, 0) + delta
+        if count:
+            self._refs[obj] = count
+            self._orphans.discard(obj)
+        else:
+            self._refs.pop(obj, None)
+            if obj in self._shared:
+                self._orphans.add(obj)
 
     def _owner_of(self, key: str) -> tuple[str | None, tuple[str, str] | None]:
         """The object path of a key under a root, and the (label, id) that object is named for."""
@@ -69,6 +102,15 @@ class Observed:
 
     def _index(self, key: str) -> None:
         obj, owner = self._owner_of(key)
+        if obj is not None and owner is None and self.layout.is_shared(obj):
+            keys = self._shared.get(obj)
+            if keys is None:
+                self._shared[obj] = [key]
+                if obj not in self._refs:
+                    self._orphans.add(obj)
+            else:
+                keys.append(key)
+            return
         if obj is None or owner is None:
             if key.startswith(self.layout.roots_prefix):
                 self._loose.add(key)
@@ -95,6 +137,9 @@ class Observed:
         self._mods.clear()
         self._owned.clear()
         self._loose.clear()
+        self._shared.clear()
+        self._refs.clear()
+        self._orphans.clear()
         revisions: dict[int, int] = {}
         for key, value, mod in kvs:
             self.set(key, value, revisions.setdefault(mod, mod))
@@ -113,7 +158,11 @@ class Observed:
     def replace_object(self, object_path: str, kvs: Iterable[KeyValue]) -> None:
         """Replace what is known under one object with a fresh read."""
         owner, lead = self.layout.object_key_of(object_path), object_path + "/"
-        for key in [k for k in (self._owned.get(owner, ()) if owner is not None else self._loose) if k.startswith(lead)]:
+        if owner is not None:
+            known: Iterable[str] = self._owned.get(owner, ())
+        else:
+            known = self._shared.get(object_path, ()) if self.layout.is_shared(object_path) else self._loose
+        for key in [k for k in known if k.startswith(lead)]:
             self.set(key, None, 0)
         for kv in kvs:
             self.set(kv.key, kv.value, kv.mod_revision)
@@ -163,6 +212,23 @@ class Observed:
             if owner not in owned:
                 out.extend(k for k in keys if k.startswith(prefix))
         return out
+
+    def shared(self, object_path: str) -> dict[str, tuple[str, int]]:
+        """The observed keys of one shared object (empty: it is not there)."""
+        return {k: (self._values[k], self._mods[k]) for k in self._shared.get(object_path, ())}
+
+    def references(self, object_path: str) -> int:
+        """How many observed keys reference the shared object (whether or not it is there)."""
+        return self._refs.get(object_path, 0)
+
+    def referenced(self, root: str) -> list[str]:
+        """The shared objects under `root` that some observed key references."""
+        prefix = root + "/"
+        return sorted(obj for obj in self._refs if obj.startswith(prefix))
+
+    def orphans(self, root: str | None = None) -> list[str]:
+        """The shared objects present (under `root`, or any) that no observed key references."""
+        return sorted(obj for obj in self._orphans if root is None or obj.startswith(root + "/"))
 
     def under_root(self, root: str) -> dict[str, tuple[str, int]]:
         """Every observed key under one root (a full scan; used by full reconciles and reports)."""

@@ -51,12 +51,15 @@ class FollowerRule:
         self._leader = leader
 
     def split(self, units: list[UnitPlan], requested: Mapping[IngressRef, int], reasons: Mapping[IngressRef, str]) -> Split:
-        """Every unit for the leader; else requested ingresses, and a root's own keys riding with a request."""
+        """Every unit for the leader; else requested ingresses, the shared objects they need, and a root's own keys riding with a request.
+
+        A shared object's repair or deletion is the leader's.
+        """
         if self._leader.is_leader():
             return Split(now=units)
         out = Split()
         for unit in units:
-            mine = unit.owner in requested or (unit.owner is None and bool(requested))
+            mine = unit.owner in requested or (unit.owner is None and bool(requested) and not unit.standalone)
             (out.now if mine else out.held).append(unit)
         return out
 
@@ -73,10 +76,17 @@ class PacingRule:
         self.whole_batches = pacer.enabled
 
     def split(self, units: list[UnitPlan], requested: Mapping[IngressRef, int], reasons: Mapping[IngressRef, str]) -> Split:
-        """On a paced root: the record alone (a request's, or one with no key to hold) now, the keys held."""
+        """On a paced root: the record alone (a request's, or one with no key to hold) now, the keys held.
+
+        A shared object's repair or deletion waits too (planned again with its root); one an
+        ingress needs goes only with that ingress's keys.
+        """
         out = Split()
         for unit in units:
             ref = unit.owner
+            if ref is None and unit.standalone and self._pacer.paced(unit.root):
+                out.held.append(unit)
+                continue
             if ref is None or not self._pacer.paced(unit.root):
                 out.now.append(unit)
                 continue

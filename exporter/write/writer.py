@@ -1,7 +1,8 @@
 """Apply plans to etcd: packed, compare-guarded transactions, several in flight.
 
 Whole-unit transactions are independent (no ingress references another's objects), so they
-may commit in any order. The chunks of an oversized unit commit strictly in order, each
+may commit in any order, except that one needing a shared object another writes is sent after
+it (write/packing.py). The chunks of an oversized unit commit strictly in order, each
 guarded as the commit rule says (plan/guards.py: its record as the first chunk left it,
 nothing under it changed since the previous chunk). The ledger is told of every committed transaction: it
 updates the observed mirror, so the next plan starts from what etcd now holds.
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from loguru import logger
@@ -95,13 +96,19 @@ class Writer:
         """Return once no transaction is in flight."""
         await self._idle.wait()
 
-    async def apply(self, groups: Sequence[Sequence[UnitPlan]], fence: Sequence[Compare] = ()) -> ApplyResult:
-        """Commit every unit of `groups`; a group (one request) shares a transaction when it fits."""
+    async def apply(
+        self, groups: Sequence[Sequence[UnitPlan]], fence: Sequence[Compare] = (), shared: Mapping[str, UnitPlan] | None = None
+    ) -> ApplyResult:
+        """Commit every unit of `groups`; a group (one request) shares a transaction when it fits.
+
+        `shared`: the units of shared objects the groups' units may need (each written with the first that does).
+        """
         budget = self._max_ops - len(fence)
-        txns, split = pack(groups, budget, self._max_bytes)
+        txns, split = pack(groups, budget, self._max_bytes, shared)
         result = ApplyResult()
-        jobs = [self._commit_whole(t, fence, result) for t in txns]
-        jobs += [self._commit_chunks(chunks, fence, result) for chunks in split]
+        done = {id(t): asyncio.Event() for t in txns}
+        jobs = [self._commit_whole(t, fence, result, done) for t in txns]
+        jobs += [self._commit_chunks(chunks, fence, result, done) for chunks in split]
         await asyncio.gather(*jobs)
         return result
 
@@ -144,25 +151,31 @@ class Writer:
                 "txn rev={} ops={} units={}", revision, len(changes), ",".join(names)
             )
 
-    async def _commit_whole(self, txn: Txn, fence: Sequence[Compare], result: ApplyResult) -> None:
+    async def _commit_whole(self, txn: Txn, fence: Sequence[Compare], result: ApplyResult, done: Mapping[int, asyncio.Event]) -> None:
         try:
-            ok, _revision = await self._send(txn, [*txn.compares, *fence])
+            await _after(txn, done)
+            ok, _revision = await self._send(txn, [*txn.compares, *txn.requires, *fence])
         except EtcdError as exc:
             self._metrics.etcd_errors.inc()
             result.error = exc
             result.failed.extend(txn.units)
             return
+        finally:
+            done[id(txn)].set()
         (result.committed if ok else result.conflicted).extend(txn.units)
 
-    async def _commit_chunks(self, chunks: list[Txn], fence: Sequence[Compare], result: ApplyResult) -> None:
+    async def _commit_chunks(
+        self, chunks: list[Txn], fence: Sequence[Compare], result: ApplyResult, done: Mapping[int, asyncio.Event]
+    ) -> None:
         unit = chunks[0].units[0]
         compares = list(unit.compares)
         record_rev = guards.guarded_revision(unit)
+        await _after(chunks[0], done)
         self.ledger.started(unit, len(chunks))
         try:
             for txn in chunks:
                 try:
-                    ok, revision = await self._send(txn, [*compares, *fence])
+                    ok, revision = await self._send(txn, [*compares, *txn.requires, *fence])
                 except EtcdError as exc:
                     self._metrics.etcd_errors.inc()
                     result.error = exc
@@ -177,3 +190,9 @@ class Writer:
             result.committed.append(unit)
         finally:
             self.ledger.ended(unit)
+
+
+async def _after(txn: Txn, done: Mapping[int, asyncio.Event]) -> None:
+    """Wait until the transactions writing the shared objects `txn` needs are done (committed or not)."""
+    for earlier in txn.after:
+        await done[id(earlier)].wait()

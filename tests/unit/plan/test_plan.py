@@ -210,7 +210,7 @@ def test_an_oversized_removal_is_split_with_the_tombstone_first() -> None:
     first = chunks[0].changes[0]
     assert first.key == "records/test/llama" and decode_record(first.new or "").removed
     assert all(c.new is None for chunk in chunks for c in chunk.changes[1:] if c is not first)
-    assert sum(len(c.changes) for c in chunks) == len(unit.changes) > 400
+    assert sum(len(c.changes) for c in chunks) == len(unit.changes) > 200
 
 
 def test_a_tombstone_refuses_older_upserts_and_accepts_newer() -> None:

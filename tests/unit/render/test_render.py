@@ -41,9 +41,24 @@ def test_router_and_load_balancer(renderer: Renderer) -> None:
         "http/routers/test_llama/entryPoints/00": "web",
         "http/services/test_llama/loadBalancer/servers/000/url": "http://10.0.0.5:8000",
         "http/services/test_llama/loadBalancer/servers/000/weight": "2",
-        # Always written: it keeps the load balancer defined (503, not 404) when every server is ejected.
-        "http/services/test_llama/loadBalancer/passHostHeader": "true",
     }
+
+
+def test_values_equal_to_traefiks_defaults_are_not_written(renderer: Renderer) -> None:
+    kv = rel(keys(renderer, upstream={"servers": [{"url": "http://10.0.0.5:8000"}, {"url": "http://10.0.0.6:8000", "weight": 3}]}))
+    lb = "http/services/test_llama/loadBalancer"
+    assert {k: v for k, v in kv.items() if k.startswith(lb)} == {
+        f"{lb}/servers/000/url": "http://10.0.0.5:8000",  # weight 1: Traefik's default
+        f"{lb}/servers/001/url": "http://10.0.0.6:8000",
+        f"{lb}/servers/001/weight": "3",
+    }  # passHostHeader true: Traefik's default
+
+
+def test_a_load_balancer_with_every_server_ejected_keeps_one_key(renderer: Renderer) -> None:
+    up = {"servers": [{"url": "http://10.0.0.5:8000"}]}
+    kv = rel(renderer.render(ingress("llama", upstream=up), frozenset({"http://10.0.0.5:8000"})).kv)
+    # Its only key keeps the service defined: a router naming a missing service answers 404, not 503.
+    assert {k: v for k, v in kv.items() if "/services/" in k} == {"http/services/test_llama/loadBalancer/passHostHeader": "true"}
 
 
 def test_several_hosts_and_path_prefix(renderer: Renderer) -> None:
