@@ -166,6 +166,10 @@ class FakeEtcd:
         stored = self._kv.get(key)
         return None if stored is None else stored.value
 
+    def history(self) -> list[tuple[int, str, str | None]]:
+        """Every key change since the last compaction, in order: (revision, key, value; None for a delete)."""
+        return list(self._history)
+
     def set_create_revision(self, key: str, revision: int) -> None:
         """Pretend `key` was created at `revision` (a fence compare names one)."""
         self._kv[key].create_revision = revision

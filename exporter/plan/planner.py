@@ -8,7 +8,7 @@ from loguru import logger
 
 from ..errors import TemplateError
 from ..keys import CERT_KEY, KEY_KEY, SHARED_SECTIONS, IngressRef, KeyLayout
-from ..render.renderer import Renderer, RenderKey
+from ..render.renderer import RenderedIngress, Renderer, RenderKey
 from ..render.root_keys import DefaultCertificate, root_keys
 from ..render.shared import SharedObject
 from ..roles import Ejections, NoEjections
@@ -104,14 +104,14 @@ class Planner:
         """The shared objects planned ingresses reference, and (with `roots`) every one in use there, that etcd holds otherwise."""
         objects = dict(wanted)
         for root in roots:
-            for path in observed.referenced(root):
+            for path in observed.sharing.referenced_under(root):
                 found = self._renderer.shared.get(path)
                 if found is not None:
                     objects.setdefault(path, found)
         units = []
         for path, obj in sorted(objects.items()):
             root = path.rsplit("/", 3)[0]
-            unit = plan_shared(path, root, obj.kv, observed.shared(path), standalone=observed.references(path) > 0)
+            unit = plan_shared(path, root, obj.kv, observed.shared(path), standalone=observed.sharing.references(path) > 0)
             if unit is not None:
                 units.append(unit)
         return units
@@ -121,7 +121,7 @@ class Planner:
         seen = observed.own.run_after(observed.keys_seen)
         units = []
         for root in roots:
-            for path in observed.orphans(root):
+            for path in observed.sharing.orphans(root):
                 if path in wanted:
                     continue
                 section = path.rsplit("/", 2)[1]
@@ -148,36 +148,20 @@ class Planner:
         if record is None and observed_record is None:
             # No record anywhere: whatever carries this name is not ours.
             return None
-        desired_kv: dict[str, str] | None = None
-        desired_objects: tuple[str, ...] = ()
-        references: tuple[SharedObject, ...] = ()
-        render_key = None
         if record is None or record.removed:
             self._as_rendered.pop(ref, None)
+            rendered, render_key = None, None
         else:
-            ejected = ejections.ejected(ref, record.ingress)
-            render_key = self._renderer.key_of(record.ingress, ejected, record.value)
-            found = self._as_rendered.get(ref)
-            if (
-                found is not None and found[0] == render_key and observed_record is not None and observed_record[0] == record.value
-                and found[1] == observed.stamp(ref)
-            ):
-                return None  # its record and keys are as when they were found to be what it renders to
-            try:
-                rendered = self._renderer.render(record.ingress, ejected, key=render_key)
-            except TemplateError as exc:
-                self._errors[ref] = exc
-                logger.error("not writing {}: {}", ref, exc.title)
+            found = self._render(ref, record, observed_record, observed, ejections)
+            if found is None:
                 return None
-            desired_kv = rendered.kv
-            desired_objects = tuple(f"{rendered.root}/{o}" for o in rendered.objects)
-            references = rendered.shared
+            rendered, render_key = found
         observed_objects = observed.objects_of(ref)
         unit = plan_ingress(
             owner=ref,
-            desired=desired_kv,
+            desired=rendered.kv if rendered is not None else None,
             observed_objects=observed_objects,
-            desired_objects=desired_objects,
+            desired_objects=tuple(f"{rendered.root}/{o}" for o in rendered.objects) if rendered is not None else (),
             record_key=rkey,
             desired_record=record,
             observed_record=observed_record,
@@ -187,12 +171,37 @@ class Planner:
         if unit is None and render_key is not None:
             self._as_rendered[ref] = (render_key, observed.stamp(ref))
             self._renderer.forget(render_key)
-        if unit is not None and references:
-            for obj in references:
-                shared[obj.path] = obj
-            named = {self._layout.shared_reference(k, v) for keys in observed_objects.values() for k, (v, _m) in keys.items()}
-            unit.needs = tuple((o.path, o.witness) for o in references if o.path not in named)
+        if unit is not None and rendered is not None and rendered.shared:
+            shared.update((obj.path, obj) for obj in rendered.shared)
+            unit.needs = self._new_references(rendered.shared, observed_objects)
         return unit
+
+    def _render(
+        self, ref: IngressRef, record: Record, observed_record: tuple[str, int] | None, observed: Observed, ejections: Ejections
+    ) -> tuple[RenderedIngress, RenderKey] | None:
+        """What a live ingress renders to, and what that depends on; None when there is nothing to plan
+        (its record and keys are as when last found as rendered, or its render failed)."""
+        ejected = ejections.ejected(ref, record.ingress)
+        render_key = self._renderer.key_of(record.ingress, ejected, record.value)
+        found = self._as_rendered.get(ref)
+        if (
+            found is not None and found[0] == render_key and observed_record is not None and observed_record[0] == record.value
+            and found[1] == observed.stamp(ref)
+        ):
+            return None
+        try:
+            return self._renderer.render(record.ingress, ejected, key=render_key), render_key
+        except TemplateError as exc:
+            self._errors[ref] = exc
+            logger.error("not writing {}: {}", ref, exc.title)
+            return None
+
+    def _new_references(
+        self, references: tuple[SharedObject, ...], observed: dict[str, dict[str, tuple[str, int]]]
+    ) -> tuple[tuple[str, str], ...]:
+        """The shared objects among `references` that no observed key of the ingress names yet, with their witness keys."""
+        named = {self._layout.shared_reference(k, v) for keys in observed.values() for k, (v, _m) in keys.items()}
+        return tuple((o.path, o.witness) for o in references if o.path not in named)
 
     def _foreign(
         self, desired: Mapping[IngressRef, Record], observed: Observed, observed_records: Mapping[str, tuple[str, int]]

@@ -96,16 +96,13 @@ class Committer:
         refs = list(dict.fromkeys([*requested, *(batch.dirty if self._leader.is_leader() else ())]))
         async with self._mirror.watches.paused_for_bulk(len(refs) >= _BULK):
             await self._commit_refs(refs, requested, batch, outcome)
-        if outcome.error is None and self._leader.is_leader() and self._observed.orphans():
+        if outcome.error is None and self._leader.is_leader() and self._observed.sharing.orphans():
             await self._delete_orphans(outcome)
         return outcome
 
     async def _delete_orphans(self, outcome: Outcome) -> None:
-        """Delete the shared objects no key references any more (the last ingress naming one changed or went).
-
-        One attempt: a writer that named one meanwhile makes it fail, and the next plan of its root tries again.
-        """
-        roots = sorted({path.rsplit("/", 3)[0] for path in self._observed.orphans()})
+        """Delete the shared objects nothing references now, once: a writer naming one meanwhile fails it (planned again with its root)."""
+        roots = sorted({path.rsplit("/", 3)[0] for path in self._observed.sharing.orphans()})
         plan = self._planner.plan_orphans(roots, self._observed)
         try:
             await self._apply(plan, {}, {}, outcome)
@@ -211,22 +208,8 @@ class Committer:
         return result.conflicted
 
     async def _write(self, units: list[UnitPlan], groups: Mapping[IngressRef, int]) -> ApplyResult:
-        first = min(groups.values(), default=-1)
-        pushed: dict[int, list[UnitPlan]] = {}
-        own: list[list[UnitPlan]] = []
-        # Shared objects the units need: each apply writes one with its first transaction that needs it.
-        shared: dict[str, UnitPlan] = {}
-        for unit in units:
-            if unit.shared and not unit.standalone:
-                shared[unit.shared] = unit
-            elif unit.owner is not None and unit.owner in groups:
-                pushed.setdefault(groups[unit.owner], []).append(unit)
-            elif unit.owner is None and not unit.shared and first >= 0:
-                # A root's own keys ride with the first request (create-only: no fence needed).
-                pushed.setdefault(first, []).append(unit)
-            else:
-                own.append([unit])
-        applies = [self._writer.apply(list(pushed.values()), shared=shared)]
+        pushed, own, shared = route(units, groups)
+        applies = [self._writer.apply(pushed, shared=shared)]
         if own:
             applies.append(self._writer.apply(own, self._leader.fence(), shared=shared))
         result, *more = await asyncio.gather(*applies)
@@ -272,3 +255,25 @@ class Committer:
         if text != self._last_dry_run:
             logger.info("dry-run: would apply\n{}", text.rstrip())
             self._last_dry_run = text
+
+
+def route(
+    units: list[UnitPlan], groups: Mapping[IngressRef, int]
+) -> tuple[list[list[UnitPlan]], list[list[UnitPlan]], dict[str, UnitPlan]]:
+    """Which units go with the requests (one group per request), which are the leader's own (fenced, one
+    group each), and the shared objects they may need (each apply writes one with its first transaction that needs it)."""
+    first = min(groups.values(), default=-1)
+    pushed: dict[int, list[UnitPlan]] = {}
+    own: list[list[UnitPlan]] = []
+    shared: dict[str, UnitPlan] = {}
+    for unit in units:
+        if unit.shared and not unit.standalone:
+            shared[unit.shared] = unit
+        elif unit.owner is not None and unit.owner in groups:
+            pushed.setdefault(groups[unit.owner], []).append(unit)
+        elif unit.owner is None and not unit.shared and first >= 0:
+            # A root's own keys ride with the first request (create-only: no fence needed).
+            pushed.setdefault(first, []).append(unit)
+        else:
+            own.append([unit])
+    return list(pushed.values()), own, shared

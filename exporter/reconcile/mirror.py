@@ -5,7 +5,9 @@ diff against) and the committed records into the `RecordStore`. Watch events of 
 transactions are recognised by revision without decoding (store/own.py keeps them; the
 commit ledger is told of everyone else's commits); events that arrive while our
 transactions are in flight wait until they are done. Keys someone else changed flag their
-ingress as drifted (`on_drift`); a watch etcd cancels asks for a re-list (`on_stale`).
+ingress as drifted (`on_drift`), or, in a shared object (render/shared.py), ask for a full pass,
+which repairs the shared objects in use (`on_stale(relist=False)`); a watch etcd cancels asks
+for a re-list (`on_stale(relist=True)`).
 
 The watches themselves (and their pause during a bulk of our own writes) are in watches.py.
 """
@@ -44,7 +46,7 @@ class Mirror:
         ledger: CommitLedger,
         *,
         on_drift: Callable[[Sequence[IngressRef]], None],
-        on_stale: Callable[[], None],
+        on_stale: Callable[[bool], None],
         idle_timeout: float = 60.0,
         supervisor: Supervisor | None = None,
     ) -> None:
@@ -55,11 +57,12 @@ class Mirror:
         self._writer = writer
         self._ledger = ledger
         self._on_drift = on_drift
+        self._on_stale = on_stale
         self._supervisor = supervisor if supervisor is not None else Supervisor()
         self._deferred: list[tuple[list[WatchEvent], bool]] = []
         self._draining: asyncio.Task[None] | None = None
         self.watches = Watches(
-            etcd, layout, observed, self._on_events, on_stale, idle_timeout=idle_timeout, supervisor=self._supervisor
+            etcd, layout, observed, self._on_events, lambda: on_stale(True), idle_timeout=idle_timeout, supervisor=self._supervisor
         )
 
     async def relist(self) -> None:
@@ -173,4 +176,6 @@ class Mirror:
         ref = self._layout.owner_of_key(key)
         if ref is not None:
             self._ledger.observed(ref, event.mod_revision, record=False)
+        elif (obj := self._layout.object_of(key)) is not None and self._layout.is_shared(obj):
+            self._on_stale(False)
         return ref

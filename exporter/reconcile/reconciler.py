@@ -246,8 +246,8 @@ class Reconciler:
     def _drifted(self, refs: Sequence[IngressRef]) -> None:
         self._inbox.mark_dirty(refs, "drift")
 
-    def _stale(self) -> None:
-        self._inbox.request_full(relist=True)
+    def _stale(self, relist: bool) -> None:
+        self._inbox.request_full(relist=relist)
 
     # ----- views
 

@@ -15,6 +15,7 @@ from ..etcd.types import KeyValue
 from ..keys import BEACON_KEY, IngressRef, KeyLayout
 from .beacons import Beacons
 from .own import OwnRevisions
+from .shared import SharedIndex
 
 
 class Observed:
@@ -32,11 +33,8 @@ class Observed:
         self._owned: dict[tuple[str, str], list[str]] = {}
         # Keys under the roots in no object named for an ingress (the root's own, anything foreign).
         self._loose: set[str] = set()
-        # Shared objects: their keys, the number of keys referencing each (routers' middlewares,
-        # services' transports; present or not), and those present that nothing references.
-        self._shared: dict[str, list[str]] = {}
-        self._refs: dict[str, int] = {}
-        self._orphans: set[str] = set()
+        # Shared objects: their keys, what references each, the orphans.
+        self.sharing = SharedIndex(layout)
         self.beacons = Beacons()
         self.revision = 0
         # Every write under the roots up to this revision is in the mirror (the roots' watch has
@@ -49,12 +47,12 @@ class Observed:
         """Record a put (value) or delete (None) seen at `mod_revision`."""
         old = self._values.get(key)
         if old is not None and old != value:
-            self._reference(key, old, -1)
+            self.sharing.referenced(key, old, -1)
         if value is not None:
             self._values[key] = value
             self._mods[key] = mod_revision
             if old != value:
-                self._reference(key, value, 1)
+                self.sharing.referenced(key, value, 1)
             if key.endswith(BEACON_KEY) and (root := self.layout.beacon_root(key)) is not None:
                 self.beacons.written(root, value, mod_revision)
             if old is None:
@@ -65,12 +63,8 @@ class Observed:
         del self._values[key]
         del self._mods[key]
         obj, owner = self._owner_of(key)
-        if obj is not None and obj in self._shared:
-            keys = self._shared[obj]
-            keys.remove(key)
-            if not keys:
-                del self._shared[obj]
-                self._orphans.discard(obj)
+        if obj is not None and obj in self.sharing.keys:
+            self.sharing.removed(obj, key)
             return
         owned = self._owned.get(owner) if owner is not None else None
         if owner is None or owned is None:
@@ -81,20 +75,6 @@ class Observed:
         if not owned:
             del self._owned[owner]
 
-    def _reference(self, key: str, value: str, delta: int) -> None:
-        """Count `key` (holding `value`) as a reference to a shared object, or stop counting it."""
-        obj = self.layout.shared_reference(key, value)
-        if obj is None:
-            return
-        count = self._refs.get(obj, 0) + delta
-        if count:
-            self._refs[obj] = count
-            self._orphans.discard(obj)
-        else:
-            self._refs.pop(obj, None)
-            if obj in self._shared:
-                self._orphans.add(obj)
-
     def _owner_of(self, key: str) -> tuple[str | None, tuple[str, str] | None]:
         """The object path of a key under a root, and the (label, id) that object is named for."""
         obj = self.layout.object_of(key)
@@ -103,13 +83,7 @@ class Observed:
     def _index(self, key: str) -> None:
         obj, owner = self._owner_of(key)
         if obj is not None and owner is None and self.layout.is_shared(obj):
-            keys = self._shared.get(obj)
-            if keys is None:
-                self._shared[obj] = [key]
-                if obj not in self._refs:
-                    self._orphans.add(obj)
-            else:
-                keys.append(key)
+            self.sharing.added(obj, key)
             return
         if obj is None or owner is None:
             if key.startswith(self.layout.roots_prefix):
@@ -137,9 +111,7 @@ class Observed:
         self._mods.clear()
         self._owned.clear()
         self._loose.clear()
-        self._shared.clear()
-        self._refs.clear()
-        self._orphans.clear()
+        self.sharing.clear()
         revisions: dict[int, int] = {}
         for key, value, mod in kvs:
             self.set(key, value, revisions.setdefault(mod, mod))
@@ -161,7 +133,7 @@ class Observed:
         if owner is not None:
             known: Iterable[str] = self._owned.get(owner, ())
         else:
-            known = self._shared.get(object_path, ()) if self.layout.is_shared(object_path) else self._loose
+            known = self.sharing.keys.get(object_path, ()) if self.layout.is_shared(object_path) else self._loose
         for key in [k for k in known if k.startswith(lead)]:
             self.set(key, None, 0)
         for kv in kvs:
@@ -215,20 +187,7 @@ class Observed:
 
     def shared(self, object_path: str) -> dict[str, tuple[str, int]]:
         """The observed keys of one shared object (empty: it is not there)."""
-        return {k: (self._values[k], self._mods[k]) for k in self._shared.get(object_path, ())}
-
-    def references(self, object_path: str) -> int:
-        """How many observed keys reference the shared object (whether or not it is there)."""
-        return self._refs.get(object_path, 0)
-
-    def referenced(self, root: str) -> list[str]:
-        """The shared objects under `root` that some observed key references."""
-        prefix = root + "/"
-        return sorted(obj for obj in self._refs if obj.startswith(prefix))
-
-    def orphans(self, root: str | None = None) -> list[str]:
-        """The shared objects present (under `root`, or any) that no observed key references."""
-        return sorted(obj for obj in self._orphans if root is None or obj.startswith(root + "/"))
+        return {k: (self._values[k], self._mods[k]) for k in self.sharing.keys.get(object_path, ())}
 
     def under_root(self, root: str) -> dict[str, tuple[str, int]]:
         """Every observed key under one root (a full scan; used by full reconciles and reports)."""

@@ -28,7 +28,7 @@ class World:
         self.drifted: list[IngressRef] = []
         self.mirror = Mirror(
             self.etcd, LAYOUT, self.observed, self.store, Writer(self.etcd, self.ledger), self.ledger,
-            on_drift=self.drifted.extend, on_stale=lambda: None,
+            on_drift=self.drifted.extend, on_stale=lambda _relist: None,
         )
 
 

@@ -29,6 +29,12 @@ def rel(kv: dict[str, str]) -> dict[str, str]:
     return {k.removeprefix(ROOT + "/"): v for k, v in kv.items()}
 
 
+def with_shared(renderer: Renderer, **fields: object) -> dict[str, str]:
+    """The ingress's own keys and those of the shared objects it references, under the root."""
+    rendered = renderer.render(ingress("llama", **fields))
+    return rel({**rendered.kv, **{k: v for obj in rendered.shared for k, v in obj.kv.items()}})
+
+
 UP = {"servers": [{"url": "http://10.0.0.5:8000", "weight": 2}]}
 
 
@@ -87,21 +93,23 @@ def test_canary_is_a_weighted_service_over_two_load_balancers(renderer: Renderer
 
 
 def test_ip_allow_list_middleware(renderer: Renderer) -> None:
-    kv = rel(keys(renderer, upstream=UP, allowed_client_ips=["10.0.0.0/8", "192.168.1.7"]))
-    assert kv["http/routers/test_llama/middlewares/00"] == "test_llama_allow"
-    assert kv["http/middlewares/test_llama_allow/ipAllowList/sourceRange/00"] == "10.0.0.0/8"
-    assert kv["http/middlewares/test_llama_allow/ipAllowList/sourceRange/01"] == "192.168.1.7/32"
+    kv = with_shared(renderer, upstream=UP, allowed_client_ips=["10.0.0.0/8", "192.168.1.7"])
+    name = kv["http/routers/test_llama/middlewares/00"]
+    assert name.startswith("shared-allow-")
+    assert kv[f"http/middlewares/{name}/ipAllowList/sourceRange/00"] == "10.0.0.0/8"
+    assert kv[f"http/middlewares/{name}/ipAllowList/sourceRange/01"] == "192.168.1.7/32"
 
 
 def test_upstream_tls_is_a_servers_transport(renderer: Renderer) -> None:
     from exporter.render.root_keys import generate_certificate
 
     pem = generate_certificate().cert_pem
-    kv = rel(keys(renderer, upstream={"servers": [{"url": "https://10.0.0.5:8443"}]}, upstream_tls={"ca_pem": pem,
-                                                                                                    "server_name": "model.internal"}))
-    assert kv["http/services/test_llama/loadBalancer/serversTransport"] == "test_llama_tls"
-    assert kv["http/serversTransports/test_llama_tls/serverName"] == "model.internal"
-    assert kv["http/serversTransports/test_llama_tls/rootCAs/00"] == pem
+    kv = with_shared(renderer, upstream={"servers": [{"url": "https://10.0.0.5:8443"}]},
+                     upstream_tls={"ca_pem": pem, "server_name": "model.internal"})
+    name = kv["http/services/test_llama/loadBalancer/serversTransport"]
+    assert name.startswith("shared-transport-")
+    assert kv[f"http/serversTransports/{name}/serverName"] == "model.internal"
+    assert kv[f"http/serversTransports/{name}/rootCAs/00"] == pem
 
 
 def test_tcp_router_and_service(renderer: Renderer) -> None:
@@ -263,29 +271,40 @@ def test_canary_min_ready_holds_its_weight_until_enough_servers_are_routable(ren
 
 
 def test_edge_fields_write_a_transport_and_middlewares_before_the_users_own(renderer: Renderer) -> None:
-    kv = rel(keys(renderer, upstream=UP, timeouts={"dial": 5, "response_header": 0.25}, keepalive=False, middlewares=["cors@file"],
-                  limits={"max_body_bytes": 1024, "max_in_flight": 4, "rate": {"average": 10, "burst": 20, "period": 2}},
-                  retry={"attempts": 2, "initial_interval": 0.1}, allowed_client_ips=["10.0.0.0/8"]))
-    transport = "http/serversTransports/test_llama_transport"
+    kv = with_shared(renderer, upstream=UP, timeouts={"dial": 5, "response_header": 0.25}, keepalive=False, middlewares=["cors@file"],
+                     limits={"max_body_bytes": 1024, "max_in_flight": 4, "rate": {"average": 10, "burst": 20, "period": 2}},
+                     retry={"attempts": 2, "initial_interval": 0.1}, allowed_client_ips=["10.0.0.0/8"])
+    name = kv["http/services/test_llama/loadBalancer/serversTransport"]
+    transport = f"http/serversTransports/{name}"
     assert kv[f"{transport}/forwardingTimeouts/dialTimeout"] == "5s"
     assert kv[f"{transport}/forwardingTimeouts/responseHeaderTimeout"] == "250ms"
     assert kv[f"{transport}/maxIdleConnsPerHost"] == "-1"
-    assert kv["http/services/test_llama/loadBalancer/serversTransport"] == "test_llama_transport"
     chain = [kv[f"http/routers/test_llama/middlewares/{n:02d}"] for n in range(6)]
-    assert chain == ["test_llama_allow", "test_llama_rate", "test_llama_inflight", "test_llama_body", "test_llama_retry", "cors@file"]
-    assert kv["http/middlewares/test_llama_body/buffering/maxRequestBodyBytes"] == "1024"
-    assert kv["http/middlewares/test_llama_inflight/inFlightReq/amount"] == "4"
-    rate = "http/middlewares/test_llama_rate/rateLimit"
-    assert (kv[f"{rate}/average"], kv[f"{rate}/burst"], kv[f"{rate}/period"]) == ("10", "20", "2s")
-    assert kv["http/middlewares/test_llama_retry/retry/initialInterval"] == "100ms"
+    assert [c.rsplit("-", 1)[0] for c in chain] == [
+        "shared-allow", "shared-rate", "shared-inflight", "shared-body", "shared-retry", "cors@file"]
+    allow, rate, inflight, body, retry = chain[:5]
+    assert kv[f"http/middlewares/{body}/buffering/maxRequestBodyBytes"] == "1024"
+    assert kv[f"http/middlewares/{inflight}/inFlightReq/amount"] == "4"
+    limit = f"http/middlewares/{rate}/rateLimit"
+    assert (kv[f"{limit}/average"], kv[f"{limit}/burst"], kv[f"{limit}/period"]) == ("10", "20", "2s")
+    assert kv[f"http/middlewares/{retry}/retry/initialInterval"] == "100ms"
+    assert kv[f"http/middlewares/{allow}/ipAllowList/sourceRange/00"] == "10.0.0.0/8"
 
 
-def test_a_tls_ingress_keeps_its_transport_name_and_keys_when_timeouts_are_added(renderer: Renderer) -> None:
-    tls, up = {"server_name": "model.internal"}, {"servers": [{"url": "https://10.0.0.5:8443"}]}
-    before = rel(keys(renderer, upstream=up, upstream_tls=tls))
-    after = rel(keys(renderer, upstream=up, upstream_tls=tls, timeouts={"idle": 90}))
-    assert {k: v for k, v in after.items() if "forwardingTimeouts" not in k} == before
-    assert after["http/serversTransports/test_llama_tls/forwardingTimeouts/idleConnTimeout"] == "90s"
+def test_equal_edge_definitions_are_one_shared_object_named_from_its_content(renderer: Renderer) -> None:
+    edge = {"upstream": UP, "limits": {"max_in_flight": 4}, "timeouts": {"dial": 5}, "allowed_client_ips": ["10.0.0.0/8"]}
+    one = renderer.render(ingress("one", **edge))
+    two = renderer.render(ingress("two", **edge))
+    assert [o.path for o in one.shared] == [o.path for o in two.shared] and len(one.shared) == 3
+    assert all(a is b for a, b in zip(one.shared, two.shared, strict=True))  # one instance per definition
+    # No object of the ingress's own carries an edge definition.
+    assert not any("/middlewares/" in k.split("/routers/")[0] or "/serversTransports/" in k for k in one.kv)
+    other = renderer.render(ingress("three", **{**edge, "limits": {"max_in_flight": 5}}))
+    assert {o.path for o in other.shared} - {o.path for o in one.shared} == {
+        next(o.path for o in other.shared if "/shared-inflight-" in o.path)}
+    # Another root has objects of its own.
+    elsewhere = renderer.render(ingress("one", authority="other", **edge))
+    assert not {o.path for o in elsewhere.shared} & {o.path for o in one.shared}
 
 
 def test_without_edge_fields_or_defaults_an_ingress_writes_no_transport_and_the_same_rule(renderer: Renderer) -> None:
@@ -325,10 +344,12 @@ def test_router_middlewares_and_transport_render_alike_for_every_upstream_kind(r
     }
     shared: dict[str, dict[str, str]] = {}
     for kind, upstream in upstreams.items():
-        kv = rel(keys(renderer, upstream=upstream, **fields))
+        kv = with_shared(renderer, upstream=upstream, **fields)
         shared[kind] = {k: v for k, v in kv.items() if not k.startswith("http/services/")}
         balancers = {k.rpartition("/loadBalancer/")[0] for k in kv if "/loadBalancer/" in k}
-        assert balancers and all(kv[f"{b}/loadBalancer/serversTransport"] == "test_llama_tls" for b in balancers), kind
+        transport = kv[f"{min(balancers)}/loadBalancer/serversTransport"]
+        assert transport.startswith("shared-transport-")
+        assert balancers and all(kv[f"{b}/loadBalancer/serversTransport"] == transport for b in balancers), kind
     assert shared["servers"] == shared["ai-proxy-multi"] == shared["plugin"]
 
 
