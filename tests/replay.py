@@ -33,11 +33,24 @@ def dangling(kv: dict[str, str], root: str) -> list[str]:
     return [f"{key} -> {name}" for key, kind, name in refs if "@" not in name and name not in present[kind]]
 
 
+SHARED = "shared"
+
+
 def owner_of(key: str, root: str) -> str:
-    """The ingress (`<authority>_<id>`) an exporter key under `root` belongs to."""
+    """The ingress (`<authority>_<id>`) an exporter key under `root` belongs to; `shared` for a shared object's."""
     parts = key[len(root) + 1 :].split("/")
     name = parts[2] if len(parts) > 2 else ""
+    if name.startswith("shared-") and "_" not in name:
+        return SHARED
     return "_".join(name.split("_", 2)[:2])
+
+
+def touched_views(by_owner: dict[str, dict[str, str]], touched: set[str]) -> list[dict[str, str]]:
+    """The key sets to check after a revision that touched `touched` owners: each ingress with the shared
+    objects it may name; every ingress when a shared object changed (its referrers are anywhere)."""
+    shared = by_owner.get(SHARED, {})
+    owners = [o for o in by_owner if o != SHARED] if SHARED in touched else [o for o in touched if o != SHARED]
+    return [{**by_owner.get(owner, {}), **shared} for owner in sorted(owners)]
 
 
 def _unb64(data: str | None) -> str:
@@ -86,23 +99,20 @@ async def replay(etcd_url: str, root: str, start: int) -> tuple[list[str], int]:
                         by_rev[rev].append((_unb64(ev["kv"]["key"]), value))
                     if done:
                         break
-        # Exporter objects only reference objects of their own ingress (`<authority>_<id>*`), so
-        # each revision is checked on the ingresses it touched: cost follows the change, not the root.
-        by_owner: dict[str, set[str]] = defaultdict(set)
-        for key in state:
-            by_owner[owner_of(key, root)].add(key)
+        # Exporter objects reference objects of their own ingress (`<authority>_<id>*`) and shared
+        # ones, so each revision is checked on the ingresses it touched: cost follows the change.
+        by_owner: dict[str, dict[str, str]] = defaultdict(dict)
+        for key, value in state.items():
+            by_owner[owner_of(key, root)][key] = value
         for rev in sorted(by_rev):
             touched = set()
             for key, value in by_rev[rev]:
                 owner = owner_of(key, root)
                 touched.add(owner)
                 if value is None:
-                    state.pop(key, None)
-                    by_owner[owner].discard(key)
+                    by_owner[owner].pop(key, None)
                 else:
-                    state[key] = value
-                    by_owner[owner].add(key)
-            for owner in touched:
-                subset = {k: state[k] for k in by_owner[owner]}
-                violations += [f"rev {rev}: {d}" for d in dangling(subset, root)]
+                    by_owner[owner][key] = value
+            for view in touched_views(by_owner, touched):
+                violations += [f"rev {rev}: {d}" for d in dangling(view, root)]
         return violations, len(by_rev)

@@ -34,7 +34,7 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from tests.replay import dangling, owner_of
+from tests.replay import dangling, owner_of, touched_views
 
 
 @dataclass(frozen=True)
@@ -256,8 +256,10 @@ def history_consistent(events: Sequence[tuple[int, dict[str, str | None]]], root
                 state[root][owner].pop(key, None)
             else:
                 state[root][owner][key] = value
-        for root, owner in sorted(touched):
-            out.extend(Violation(3, root, f"at etcd revision {revision}: {ref}") for ref in dangling(state[root][owner], root))
+        for root in sorted({root for root, _owner in touched}):
+            owners = {owner for r, owner in touched if r == root}
+            for view in touched_views(state[root], owners):
+                out.extend(Violation(3, root, f"at etcd revision {revision}: {ref}") for ref in dangling(view, root))
     return out
 
 
