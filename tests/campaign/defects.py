@@ -20,6 +20,7 @@ import exporter.plan.guards
 import exporter.reconcile.judge
 import exporter.reconcile.reconciler
 from exporter.cli import main
+from exporter.store.shared import SharedIndex
 from exporter.errors import StaleRevisionError
 from exporter.plan.plan import Change
 from exporter.reconcile import Reconciler
@@ -120,6 +121,15 @@ def every_one_leads() -> None:
     _patch(exporter.leader.Leadership, "run", claiming)
 
 
+def deletes_shared_in_use() -> None:
+    """Takes every shared object for an orphan, so deletes those routers still name (rule 3)."""
+
+    def orphans(self: SharedIndex, root: str | None = None) -> list[str]:
+        return sorted(obj for obj in self.keys if root is None or obj.startswith(root + "/"))
+
+    _patch(SharedIndex, "orphans", orphans)
+
+
 def leaks() -> None:
     """Keeps 1 MiB per request forever (rule 7)."""
 
@@ -136,6 +146,7 @@ DEFECTS: dict[str, Callable[[], Any]] = {
     "refuse-newer": refuse_newer,
     "services-before-routers": services_before_routers,
     "keeps-keys": keeps_keys,
+    "deletes-shared-in-use": deletes_shared_in_use,
     "every-one-leads": every_one_leads,
     "leaks": leaks,
 }

@@ -4,7 +4,9 @@ request and answer recorded with its times.
 Each request draws a new revision for its ingress from one counter, so a stored revision names
 the request that wrote it. Besides plain upserts and removes a client sometimes sends a stale
 revision with other content, retries a request that timed out (the same body, another sidecar),
-sends one request to two sidecars at once, and removes without a revision.
+sends one request to two sidecars at once, and removes without a revision. An upsert carries
+one of a few sets of edge fields, or its own allowlist, or none: the shared objects they render
+to are created, named by several routers, left and deleted while the faults run.
 """
 
 from __future__ import annotations
@@ -24,6 +26,13 @@ from .world import AUTHORITIES, TOKEN, World
 
 HEADERS = {"Authorization": f"Bearer {TOKEN}"}
 HEALTH = {"enable": True, "interval": 0.5, "max_retries": 2, "max_wait_time": 0.5, "initial_delay": 0}
+# Edge fields an upsert may carry, each letting the campaign's requests through (loopback clients, no 429 at its pace).
+EDGES: list[dict[str, Any]] = [
+    {},
+    {"allowed_client_ips": ["127.0.0.0/8"], "limits": {"max_in_flight": 64}, "retry": {"attempts": 2}, "timeouts": {"dial": 5}},
+    {"allowed_client_ips": ["127.0.0.1/32", "10.0.0.0/8"], "limits": {"max_body_bytes": 1048576, "rate": {"average": 1000, "burst": 1000}},
+     "timeouts": {"response_header": 30}, "keepalive": False},
+]
 
 
 @dataclass(frozen=True)
@@ -72,6 +81,9 @@ class Workload:
         servers = rng.sample(self.world.backends, rng.choice((1, 2)))
         body = {"authority": authority, "id": iid, "revision": revision, "hosts": [f"{iid}.test"],
                 "upstream": {"servers": [{"url": b.url} for b in servers]}, "health_check": HEALTH}
+        edge = rng.randrange(len(EDGES) + 1)
+        # The last choice: an allowlist of the ingress's own (a shared object only it names).
+        body.update(EDGES[edge] if edge < len(EDGES) else {"allowed_client_ips": ["127.0.0.0/8", f"10.{int(iid[1:]) % 250}.0.0/16"]})
         return Item(ingress, revision, body)
 
     def _remove(self, ingress: str, revision: int | None) -> Item:

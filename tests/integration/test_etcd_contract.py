@@ -80,6 +80,16 @@ async def test_a_missing_key_and_an_empty_range_compare_as_revision_0(store: Etc
     assert not (await store.txn([Compare(at + "missing", "GREATER", 0)], [])).succeeded
 
 
+async def test_a_presence_compare_holds_while_the_key_exists(store: EtcdStore, at: str) -> None:
+    # What a transaction naming a shared object compares when it does not write it (write/packing.py).
+    await store.txn([], [Op(at + "witness", "v")])
+    assert (await store.txn([Compare(at + "witness", "GREATER", 0)], [Op(at + "router", "x")])).succeeded
+    await store.txn([], [Op(at + "witness", None)])
+    result = await store.txn([Compare(at + "witness", "GREATER", 0)], [Op(at + "router", "y")])
+    router = await store.get(at + "router")
+    assert not result.succeeded and router is not None and router.value == "x"
+
+
 async def test_a_range_compare_holds_only_when_it_holds_for_every_key(store: EtcdStore, at: str) -> None:
     old = (await store.txn([], [Op(at + "r/1", "x")])).revision
     new = (await store.txn([], [Op(at + "r/2", "y")])).revision
