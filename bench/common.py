@@ -38,23 +38,39 @@ def fresh_etcd() -> Iterator[EmbeddedEtcd]:
             etcd.stop()
 
 
-def make_records(n: int, authority: str = "bench", revision: int = 1, port: int = 8000) -> list[Record]:
-    """`n` typical ingresses: one host, two servers."""
-    return [
-        Record.of(
-            Ingress.model_validate(
-                {
-                    "authority": authority,
-                    "id": f"i{i}",
-                    "revision": revision,
-                    "hosts": [f"i{i}.example.test"],
-                    "upstream": {"servers": [{"url": f"http://10.0.{i // 250}.{i % 250}:{port}"},
-                                          {"url": f"http://10.1.{i // 250}.{i % 250}:{port}"}]},
-                }
-            )
-        )
-        for i in range(n)
-    ]
+# Every model-serving edge field, with the settings a fleet would give all its ingresses alike.
+EDGE_FIELDS: dict[str, Any] = {
+    "profile": "openai",
+    "timeouts": {"dial": 5, "response_header": 60, "idle": 90},
+    "keepalive": False,
+    "limits": {"max_body_bytes": 1048576, "max_in_flight": 32, "rate": {"average": 50, "burst": 100, "period": 1}},
+    "retry": {"attempts": 2, "initial_interval": 0.1},
+    "allowed_client_ips": ["10.0.0.0/8"],
+}
+# Workloads: typical ingresses, every edge field equal, every edge field with an allowlist of each ingress's own.
+EDGES = ("", "equal", "distinct")
+
+
+def ingress_body(i: int, authority: str = "bench", revision: int = 1, port: int = 8000, edge: str = "") -> dict[str, Any]:
+    """Ingress `i` of a workload: one host, two servers, and the edge fields `edge` names (EDGES)."""
+    body: dict[str, Any] = {
+        "authority": authority,
+        "id": f"i{i}",
+        "revision": revision,
+        "hosts": [f"i{i}.example.test"],
+        "upstream": {"servers": [{"url": f"http://10.0.{i // 250}.{i % 250}:{port}"},
+                                 {"url": f"http://10.1.{i // 250}.{i % 250}:{port}"}]},
+    }
+    if edge:
+        body.update(EDGE_FIELDS)
+    if edge == "distinct":
+        body["allowed_client_ips"] = [f"10.{i // 250 % 250}.{i % 250}.0/24", f"172.16.{i // 250}.0/24"]
+    return body
+
+
+def make_records(n: int, authority: str = "bench", revision: int = 1, port: int = 8000, edge: str = "") -> list[Record]:
+    """`n` ingresses of a workload (`ingress_body`)."""
+    return [Record.of(Ingress.model_validate(ingress_body(i, authority, revision, port, edge))) for i in range(n)]
 
 
 def exporter_keys(records: list[Record]) -> list[tuple[str, str]]:
