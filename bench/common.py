@@ -58,13 +58,13 @@ def ingress_body(i: int, authority: str = "bench", revision: int = 1, port: int 
         "id": f"i{i}",
         "revision": revision,
         "hosts": [f"i{i}.example.test"],
-        "upstream": {"servers": [{"url": f"http://10.0.{i // 250}.{i % 250}:{port}"},
-                                 {"url": f"http://10.1.{i // 250}.{i % 250}:{port}"}]},
+        "upstream": {"servers": [{"url": f"http://10.0.{i // 250 % 250}.{i % 250}:{port}"},
+                                 {"url": f"http://10.1.{i // 250 % 250}.{i % 250}:{port}"}]},
     }
     if edge:
         body.update(EDGE_FIELDS)
     if edge == "distinct":
-        body["allowed_client_ips"] = [f"10.{i // 250 % 250}.{i % 250}.0/24", f"172.16.{i // 250}.0/24"]
+        body["allowed_client_ips"] = [f"10.{i // 250 % 250}.{i % 250}.0/24", f"172.16.{i // 62500 % 250}.0/24"]
     return body
 
 

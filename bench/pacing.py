@@ -23,7 +23,10 @@ Targets (medians of --runs): 1. idle within 3 x D of the last 204, the later pus
 3 x D; 3. p99 <= 3x the bare transaction; 4. every push served within 2.5 x D, the last 10 s no
 worse than the first, at most 1.2 x (duration / D) configurations.
 
-Usage: .venv/bin/python -m bench.pacing [--ingresses 10000] [--runs 3] [--duration 60] [--clients 10]
+Every ingress carries the model-serving edge fields with `--edge` (equal settings) or
+`--edge-distinct` (each its own allowlist): D is then that workload's, and so are the multiples.
+
+Usage: .venv/bin/python -m bench.pacing [--ingresses 10000] [--runs 3] [--duration 60] [--clients 10] [--edge | --edge-distinct]
 """
 
 from __future__ import annotations
@@ -42,7 +45,7 @@ from pathlib import Path
 
 import aiohttp
 
-from bench.common import ROOT_KEY, body, ingress_keys, make_records, until_idle, until_listed
+from bench.common import ROOT_KEY, body, ingress_body, ingress_keys, make_records, until_idle, until_listed
 from bench.harness import HEADERS, arguments, cpu_seconds, median, pct, start_daemon, wait_up
 from exporter.embedded import RECOMMENDED_ETCD_FLAGS, EmbeddedEtcd, EmbeddedTraefik, start_etcd, start_traefik
 from exporter.etcd.client import EtcdClient
@@ -60,16 +63,15 @@ BEACON = LAYOUT.beacon_key(ROOT)
 
 @dataclass
 class Run:
+    # The workload's edge fields (bench/common.py EDGES): "" typical, "equal", "distinct".
+    edge: str = ""
     figures: dict[str, float] = field(default_factory=dict)
 
 
-async def _push(session: aiohttp.ClientSession, base: str, ids: itertools.count[int]) -> tuple[str, float]:
-    """One new single-ingress upsert; its router's name and its push-to-204 seconds."""
+async def _push(session: aiohttp.ClientSession, base: str, ids: itertools.count[int], edge: str) -> tuple[str, float]:
+    """One new single-ingress upsert of the workload; its router's name and its push-to-204 seconds."""
     n = next(ids)
-    record = Record.of(Ingress.model_validate({
-        "authority": AUTHORITY, "id": f"i{n}", "revision": 1, "hosts": [f"i{n}.example.test"],
-        "upstream": {"servers": [{"url": f"http://10.2.{n % 250}.{n // 250 % 250}:8000"}]},
-    }))
+    record = Record.of(Ingress.model_validate(ingress_body(n, AUTHORITY, edge=edge)))
     started = time.perf_counter()
     async with session.post(f"{base}/v2/ingress/upsert", data=body([record]), headers=HEADERS) as resp:
         if resp.status != 204:
@@ -97,14 +99,14 @@ async def _stack(tmp: Path, log: Path | None) -> AsyncIterator[tuple[EmbeddedEtc
 
 
 async def _bulk(session: aiohttp.ClientSession, base: str, traefik: EmbeddedTraefik, n: int, run: Run) -> None:
-    records = make_records(n)
+    records = make_records(n, edge=run.edge)
     step = max(1, n // 20)
     for i in range(0, n, step):
         async with session.post(f"{base}/v2/ingress/upsert", data=body(records[i : i + step]), headers=HEADERS) as resp:
             if resp.status != 204:
                 raise RuntimeError(f"bulk answered {resp.status}: {await resp.text()}")
     last = time.monotonic()
-    later = asyncio.create_task(_later_push(session, base, traefik, last + 5))
+    later = asyncio.create_task(_later_push(session, base, traefik, last + 5, run.edge))
     await until_listed(traefik, f"{AUTHORITY}_i{n - 1}@etcd")
     await until_idle(traefik)
     run.figures["bulk idle after last 204"] = time.monotonic() - last
@@ -112,17 +114,17 @@ async def _bulk(session: aiohttp.ClientSession, base: str, traefik: EmbeddedTrae
     await until_idle(traefik)
 
 
-async def _later_push(session: aiohttp.ClientSession, base: str, traefik: EmbeddedTraefik, at: float) -> float:
+async def _later_push(session: aiohttp.ClientSession, base: str, traefik: EmbeddedTraefik, at: float, edge: str) -> float:
     await asyncio.sleep(max(0.0, at - time.monotonic()))
-    name, _ = await _push(session, base, itertools.count(2_000_000))
+    name, _ = await _push(session, base, itertools.count(2_000_000), edge)
     started = time.monotonic()
     await until_listed(traefik, name)
     return time.monotonic() - started
 
 
-async def _floor(etcd: EmbeddedEtcd, traefik: EmbeddedTraefik, n: int) -> float:
+async def _floor(etcd: EmbeddedEtcd, traefik: EmbeddedTraefik, n: int, edge: str) -> float:
     """D: one more ingress's keys (no record: foreign to the exporter, left alone) as one bare transaction."""
-    extra = make_records(n + 1, authority=AUTHORITY)[n:]
+    extra = make_records(n + 1, authority=AUTHORITY, edge=edge)[n:]
     keys = [(k, v) for k, v in ingress_keys(extra)[0] if k.startswith(ROOT)]
     renamed = [(k.replace(f"{AUTHORITY}_i{n}", "bare_floor"), v) for k, v in keys]
     async with EtcdClient([etcd.url]) as client:
@@ -136,12 +138,12 @@ async def _floor(etcd: EmbeddedEtcd, traefik: EmbeddedTraefik, n: int) -> float:
 
 async def _busy(session: aiohttp.ClientSession, base: str, etcd: EmbeddedEtcd, run: Run, samples: int = 200) -> None:
     ids = itertools.count(3_000_000)
-    await _push(session, base, ids)  # Traefik now rebuilds for D seconds
+    await _push(session, base, ids, run.edge)  # Traefik now rebuilds for D seconds
     pushes: list[float] = []
     bare: list[float] = []
     async with aiohttp.ClientSession() as raw:
         for s in range(samples):
-            pushes.append((await _push(session, base, ids))[1])
+            pushes.append((await _push(session, base, ids, run.edge))[1])
             txn = {"success": [{"request_put": {"key": _b64(f"bench-bare/{s}/{k}"), "value": _b64("x" * 40)}} for k in range(10)]}
             started = time.perf_counter()
             async with raw.post(f"{etcd.url}/v3/kv/txn", json=txn) as resp:
@@ -155,10 +157,9 @@ def _b64(text: str) -> str:
     return base64.b64encode(text.encode()).decode()
 
 
-async def _update(session: aiohttp.ClientSession, base: str, i: int, revision: int) -> None:
+async def _update(session: aiohttp.ClientSession, base: str, i: int, revision: int, edge: str) -> None:
     """A new revision of in-place ingress `i`: its servers' port says which revision it is (8000 + revision)."""
-    record = make_records(1, revision=revision, port=8000 + revision)[0]
-    record = Record.of(record.ingress.model_copy(update={"id": f"i{i}", "hosts": [f"i{i}.example.test"]}))
+    record = Record.of(Ingress.model_validate(ingress_body(i, AUTHORITY, revision, 8000 + revision, edge)))
     async with session.post(f"{base}/v2/ingress/upsert", data=body([record]), headers=HEADERS) as resp:
         if resp.status != 204:
             raise RuntimeError(f"upsert answered {resp.status}: {await resp.text()}")
@@ -203,7 +204,7 @@ async def _steady(
                 for i in mine:
                     if stop.is_set():
                         return
-                    await _update(session, base, i, turn)
+                    await _update(session, base, i, turn, run.edge)
                     acked.append((i, turn, time.monotonic()))
 
         watcher, poller = asyncio.create_task(watch()), asyncio.create_task(poll())
@@ -258,15 +259,15 @@ def _served_after(
     return out
 
 
-async def one_run(n: int, duration: float, clients: int, log: Path | None = None) -> Run:
-    run = Run()
+async def one_run(n: int, duration: float, clients: int, log: Path | None = None, edge: str = "") -> Run:
+    run = Run(edge)
     with tempfile.TemporaryDirectory(prefix="bench-pacing-") as tmp:
         async with _stack(Path(tmp), log) as (etcd, traefik, base, daemon), aiohttp.ClientSession() as session:
             await wait_up(session, base)
             bulk_cpu = cpu_seconds(traefik.proc.pid)
             await _bulk(session, base, traefik, n, run)
             run.figures["bulk traefik cpu"] = cpu_seconds(traefik.proc.pid) - bulk_cpu
-            floor = await _floor(etcd, traefik, n)
+            floor = await _floor(etcd, traefik, n, run.edge)
             run.figures["D"] = floor
             await _busy(session, base, etcd, run)
             await until_idle(traefik)
@@ -284,10 +285,15 @@ async def main() -> None:
     parser.add_argument("--duration", type=float, default=60.0)
     parser.add_argument("--clients", type=int, default=10)
     parser.add_argument("--log", type=Path, help="keep the daemon's log (INFO) of the last run here")
+    workload = parser.add_mutually_exclusive_group()
+    workload.add_argument("--edge", action="store_const", const="equal", dest="workload", default="",
+                          help="every ingress with every model-serving edge field, equal settings")
+    workload.add_argument("--edge-distinct", action="store_const", const="distinct", dest="workload",
+                          help="the same, each ingress with an allowlist of its own")
     args = parser.parse_args()
     runs = []
     for i in range(args.runs):
-        run = await one_run(args.ingresses, args.duration, args.clients, args.log)
+        run = await one_run(args.ingresses, args.duration, args.clients, args.log, args.workload)
         runs.append(run)
         print(f"run {i + 1}: " + ", ".join(f"{k} {v:.2f}" for k, v in run.figures.items()), flush=True)
     m = {key: median([r.figures[key] for r in runs]) for key in runs[0].figures}
