@@ -20,12 +20,12 @@ import exporter.plan.guards
 import exporter.reconcile.judge
 import exporter.reconcile.reconciler
 from exporter.cli import main
-from exporter.store.shared import SharedIndex
 from exporter.errors import StaleRevisionError
 from exporter.plan.plan import Change
 from exporter.reconcile import Reconciler
 from exporter.store.records import Record, Removal
 from exporter.store.revisions import classify_upsert
+from exporter.store.shared import SharedIndex
 
 
 def _patch(owner: object, name: str, value: object) -> None:

@@ -13,9 +13,12 @@ import pytest
 
 from exporter.etcd.types import Compare, Op
 from exporter.keys import IngressRef
+from exporter.plan.planner import Planner
+from exporter.reconcile import Reconciler
+from exporter.render.renderer import Renderer
 from exporter.store.records import Removal
 from tests.fake_etcd import FakeEtcd
-from tests.fake_reconciler import ROOT, UP, elected_etcd, running
+from tests.fake_reconciler import CERT, LAYOUT, ROOT, UP, elected_etcd, running
 from tests.helpers import AUTHORITY, eventually, record
 from tests.replay import dangling
 
@@ -182,3 +185,47 @@ async def test_a_root_in_the_layout_before_moves_to_shared_objects_once(etcd: Fa
     assert never_dangling(etcd) == []
 
 
+
+
+def _old_layout(iid: str) -> dict[str, str]:
+    """The keys the layout before wrote for a typical ingress with an in-flight limit."""
+    name = f"{AUTHORITY}_{iid}"
+    svc = f"{ROOT}/http/services/{name}/loadBalancer"
+    return {
+        f"{ROOT}/http/routers/{name}/rule": f"Host(`{iid}.test`)",
+        f"{ROOT}/http/routers/{name}/service": name,
+        f"{ROOT}/http/routers/{name}/entryPoints/00": "web",
+        f"{ROOT}/http/routers/{name}/priority": "101",
+        f"{ROOT}/http/routers/{name}/middlewares/00": f"{name}_inflight",
+        f"{ROOT}/http/middlewares/{name}_inflight/inFlightReq/amount": "4",
+        f"{svc}/servers/000/url": "http://10.0.0.5:8000",
+        f"{svc}/servers/000/weight": "1",
+        f"{svc}/passHostHeader": "true",
+    }
+
+
+async def test_a_root_in_the_layout_before_is_shown_by_diff_then_moved_in_the_fewest_transactions(etcd: FakeEtcd) -> None:
+    ids = [f"o{n}" for n in range(40)]
+    for iid in ids:
+        rec_of = record(iid, hosts=[f"{iid}.test"], upstream=UP, limits={"max_in_flight": 4})
+        await etcd.txn([], [Op(k, v) for k, v in _old_layout(iid).items()] + [Op(f"records/{AUTHORITY}/{iid}", rec_of.value)])
+    start = etcd.revision
+    # What `diff` prints against the root before the move (a reconciler that only reads): every old
+    # key that goes, the shared object once.
+    reader = Reconciler(etcd=etcd, layout=LAYOUT, planner=Planner(Renderer(LAYOUT, ["web"]), LAYOUT, CERT))
+    await reader.load()
+    changes = reader.preview([], []).changes()
+    assert {c.key for c in changes if c.new is None} == {
+        k for iid in ids for k in _old_layout(iid) if k.endswith(("/weight", "/passHostHeader")) or "_inflight/" in k}
+    assert sum(1 for c in changes if "/shared-inflight-" in c.key and c.new is not None) == 1
+    assert etcd.revision == start
+    async with running(etcd):
+        async def moved() -> bool:
+            return not any(k.endswith("/weight") for k in etcd.keys(ROOT + "/"))
+        await eventually(moved, timeout=5)
+        ops = sum(len(ops) for _c, ops, ok in etcd.txns if ok and any(op.key.startswith(ROOT) for op in ops))
+        revisions = etcd.revision - start
+        # 40 ingresses x (1 router key changed + 4 deleted) + the shared object + beacons, 128 operations a
+        # transaction (etcd's default), whole ingresses only: the fewest transactions that can hold them.
+        assert ops >= 40 * 5 and revisions <= -(-ops // 127) + 1, (ops, revisions)
+    assert never_dangling(etcd) == []
