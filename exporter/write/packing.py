@@ -44,7 +44,9 @@ class Txn:
         """Carry all of `unit`."""
         self.units.append(unit)
         self.changes.extend(unit.changes)
-        self.compares.extend(unit.compares)
+        # One range compare is enough for several units that carry it (orphans of one root): etcd
+        # reads every key of a range compare, each time it is sent.
+        self.compares.extend(c for c in unit.compares if not c.prefix or c not in self.compares)
         self.bytes += size
         self.roots |= _roots([unit])
 

@@ -7,7 +7,7 @@ import pytest
 from exporter.etcd.types import Compare
 from exporter.ingress import Ingress
 from exporter.keys import IngressRef, KeyLayout
-from exporter.plan.diff import plan_ingress
+from exporter.plan.diff import plan_ingress, plan_orphan
 from exporter.plan.format import format_plan
 from exporter.plan.guards import order_changes, with_record
 from exporter.plan.plan import Change, Plan, UnitPlan
@@ -341,3 +341,10 @@ def test_a_new_ejection_a_template_reload_or_another_record_renders_it_again() -
     newer = record("llama", upstream=TWO, revision=2)
     (unit,) = p.plan({newer.key: newer}, obs).units
     assert renderer.computed == 3 and [c.key for c in unit.changes] == [LAYOUT.record_key(rec.key)]
+
+
+def test_orphans_of_one_root_deleted_together_send_their_range_compare_once() -> None:
+    units = [plan_orphan(f"r/http/middlewares/shared-allow-{n}", "r", {f"r/http/middlewares/shared-allow-{n}/x": ("v", 3)},
+                         "r/http/routers/", 9) for n in range(5)]
+    (txn,), _ = pack([units], 128, 1_000_000)
+    assert txn.compares == [Compare("r/http/routers/", "LESS", 10, prefix=True)] and len(txn.changes) == 5
