@@ -23,6 +23,7 @@ from aiohttp import web
 
 from exporter.embedded import EmbeddedEtcd, EmbeddedTraefik, free_port
 from exporter.etcd.client import EtcdClient
+from exporter.etcd.types import Op
 from tests.conftest import ROOT, Ingresses
 from tests.helpers import AUTHORITY, Backend, eventually, record, serves, tls_backend_context, uid
 from tests.replay import replay
@@ -207,3 +208,19 @@ async def test_no_revision_names_a_missing_shared_object_while_ingresses_come_ch
     await eventually(gone, timeout=20)
     violations, checked = await replay(etcd.url, ROOT, start)
     assert checked > 0 and violations == []
+
+
+async def test_a_shared_object_someone_else_deletes_or_edits_is_repaired(
+    ingresses: Ingresses, etcd_client: EtcdClient, echo: Echo
+) -> None:
+    iid = uid()
+    await ingresses.upsert(record(iid, upstream={"servers": [{"url": echo.url}]}, limits={"max_in_flight": 7654}))
+    (name,) = await named_shared(etcd_client, [iid])
+    amount = f"{ROOT}/http/middlewares/{name}/inFlightReq/amount"
+    for damage in (None, "1"):  # deleted, then edited
+        await etcd_client.txn([], [Op(amount, damage)])
+
+        async def repaired() -> bool:
+            found = await etcd_client.get(amount)
+            return found is not None and found.value == "7654"
+        await eventually(repaired, timeout=20)
