@@ -68,4 +68,4 @@ def test_every_planted_defect_is_caught_by_its_rule(tmp_path: Path, defect: str)
     _seed, done = judged(tmp_path, FIXED_SEED, DEFECT_SECONDS.get(defect, "15"), "--defect", defect, "--converge-timeout", "20")
     assert done.returncode == 1, done.stdout[-8000:] + done.stderr[-4000:]
     caught = set(re.findall(r"^VIOLATION rule (\d)", done.stdout, re.MULTILINE))
-    assert caught & rules, f"{defect} (rules {sorted(rules)}) caught by {sorted(caught)}:\n{done.stdout[-8000:]}"
+    assert caught & rules, f"{defect} (rules {sorted(rules)}) caught by {sorted(caught)}:\n{done.stdout[-8000:]}{done.stderr[-4000:]}"

@@ -95,7 +95,8 @@ async def test_sigkill_mid_sync_then_restart_converges_without_dangling_routers(
             diff = await asyncio.to_thread(run_cli, "diff", "--config", str(config))
             assert diff.returncode == 0, diff.stdout[-2000:] + diff.stderr
             violations, checked = await replay(etcd.url, ROOT, start)
-            assert violations == [] and checked > 100
+            # The first daemon alone wrote at least one revision per two of its records (16 operations a transaction).
+            assert violations == [] and checked >= written // 2
             for iid in (ids[0], ids[999], ids[-1]):
                 await eventually(lambda: serves(http, traefik.url("web"), f"{iid}.test"), timeout=30)
             # Clean up through the daemon itself: an empty file removes all 2,000.
