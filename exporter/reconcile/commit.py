@@ -102,7 +102,9 @@ class Committer:
 
     async def _delete_orphans(self, outcome: Outcome) -> None:
         """Delete the shared objects nothing references now, once: a writer naming one meanwhile fails it (planned again with its root)."""
-        roots = sorted({path.rsplit("/", 3)[0] for path in self._observed.sharing.orphans()})
+        roots = orphaned_roots(self._observed, self._store)
+        if not roots:
+            return
         plan = self._planner.plan_orphans(roots, self._observed)
         try:
             await self._apply(plan, {}, {}, outcome)
@@ -277,3 +279,10 @@ def route(
         else:
             own.append([unit])
     return list(pushed.values()), own, shared
+
+
+def orphaned_roots(observed: Observed, store: RecordStore) -> list[str]:
+    """The roots of this exporter's ingresses that hold orphans (other roots under the same prefix are someone else's)."""
+    orphaned = {path.rsplit("/", 3)[0] for path in observed.sharing.orphans()}
+    authorities = {ref.authority for ref in (*store.records, *store.tombstones)}
+    return sorted(orphaned & {observed.layout.root(authority) for authority in authorities})

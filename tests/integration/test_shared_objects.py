@@ -224,3 +224,43 @@ async def test_a_shared_object_someone_else_deletes_or_edits_is_repaired(
             found = await etcd_client.get(amount)
             return found is not None and found.value == "7654"
         await eventually(repaired, timeout=20)
+
+
+def _written_before(iid: str, url: str) -> dict[str, str]:
+    """What the layout before wrote for an ingress with an allowlist, an in-flight limit and a dial timeout."""
+    name = f"{AUTHORITY}_{iid}"
+    router, svc = f"{ROOT}/http/routers/{name}", f"{ROOT}/http/services/{name}/loadBalancer"
+    return {
+        f"{router}/rule": f"Host(`{iid}.test`)", f"{router}/service": name, f"{router}/entryPoints/00": "web",
+        f"{router}/priority": "101", f"{router}/middlewares/00": f"{name}_allow", f"{router}/middlewares/01": f"{name}_inflight",
+        f"{ROOT}/http/middlewares/{name}_allow/ipAllowList/sourceRange/00": "127.0.0.0/8",
+        f"{ROOT}/http/middlewares/{name}_inflight/inFlightReq/amount": "16",
+        f"{ROOT}/http/serversTransports/{name}_transport/forwardingTimeouts/dialTimeout": "3s",
+        f"{svc}/servers/000/url": url, f"{svc}/servers/000/weight": "1", f"{svc}/passHostHeader": "true",
+        f"{svc}/serversTransport": f"{name}_transport",
+    }
+
+
+async def test_ingresses_written_in_the_layout_before_move_to_shared_objects_while_served(
+    ingresses: Ingresses, etcd: EmbeddedEtcd, etcd_client: EtcdClient, traefik: EmbeddedTraefik, http: aiohttp.ClientSession,
+    echo: Echo,
+) -> None:
+    ids = [uid() for _ in range(3)]
+    edge = {"allowed_client_ips": ["127.0.0.0/8"], "limits": {"max_in_flight": 16}, "timeouts": {"dial": 3}}
+    start = (await etcd_client.range_prefix(f"{ROOT}/_meta/")).revision
+    for iid in ids:  # as an exporter of the version before left them: keys and record in one transaction
+        rec = record(iid, upstream={"servers": [{"url": echo.url}]}, **edge)
+        ingresses.owned[rec.key] = rec.revision
+        await etcd_client.txn([], [*(Op(k, v) for k, v in _written_before(iid, echo.url).items()),
+                                   Op(f"traefik-etcd-exporter/records/{AUTHORITY}/{iid}", rec.value)])
+
+    async def moved() -> bool:
+        page = await etcd_client.range_prefix(f"{ROOT}/http/")
+        keys = [kv.key for kv in page.kvs if any(f"_{i}" in kv.key for i in ids)]
+        return bool(keys) and not any(k.endswith(("/weight", "/passHostHeader")) or "_inflight/" in k for k in keys)
+    await eventually(moved, timeout=30)
+    assert len(await named_shared(etcd_client, ids)) == 3  # allow, in-flight, transport: one each for the three
+    for iid in ids:
+        assert await eventually(lambda: serves(http, traefik.url("web"), f"{iid}.test", body=f"echo {iid}.test"), timeout=20)
+    violations, checked = await replay(etcd.url, ROOT, start)
+    assert checked > 0 and violations == []

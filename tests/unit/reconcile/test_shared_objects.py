@@ -229,3 +229,18 @@ async def test_a_root_in_the_layout_before_is_shown_by_diff_then_moved_in_the_fe
         # transaction (etcd's default), whole ingresses only: the fewest transactions that can hold them.
         assert ops >= 40 * 5 and revisions <= -(-ops // 127) + 1, (ops, revisions)
     assert never_dangling(etcd) == []
+
+
+async def test_an_orphan_under_a_root_of_no_ingress_of_ours_is_left_alone(etcd: FakeEtcd) -> None:
+    theirs = "traefik/worker_other/http/middlewares/shared-rate-0123456789abcdef/rateLimit/average"
+    ours = f"{ROOT}/http/middlewares/shared-rate-fedcba9876543210/rateLimit/average"
+    await etcd.put(theirs, "5")
+    async with running(etcd) as rec:
+        await rec.submit([record("mine", upstream=UP)])
+        await etcd.put(ours, "5")  # an orphan under our root: deleted with the next batch
+
+        async def ours_gone() -> bool:
+            return etcd.value(ours) is None
+        await rec.submit([record("mine", revision=2, upstream={"servers": [{"url": "http://10.0.0.6:80"}]})])
+        await eventually(ours_gone, timeout=5)
+    assert etcd.value(theirs) == "5"
