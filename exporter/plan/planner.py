@@ -118,6 +118,8 @@ class Planner:
 
     def _plan_orphans(self, roots: list[str], wanted: Mapping[str, SharedObject], observed: Observed) -> list[UnitPlan]:
         """Delete the shared objects of `roots` that nothing references and no planned ingress wants."""
+        if not observed.sharing.orphans():
+            return []
         seen = observed.own.run_after(observed.keys_seen)
         units = []
         for root in roots:
