@@ -110,6 +110,7 @@ class Metrics:
         counter, gauge = self._counter, self._gauge
         self.api_requests = counter("exporter_api_requests_total", "push API requests by route and status", "route", "status")
         self.leader = gauge("exporter_leader", "1 while this exporter is the leader")
+        self.ready = gauge("exporter_ready", "1 while the daemon is ready (what /readyz answers 200 for), else 0")
         self.discovery_registered = gauge("exporter_discovery_registered", "1 while the registration in service discovery is current")
         self.discovery_errors = counter("exporter_discovery_errors_total", "failed writes to the service-discovery Redis")
         self.task_restarts = counter("exporter_task_restarts_total", "long-running tasks restarted after a crash", "task")

@@ -105,6 +105,7 @@ def assemble(settings: Settings, dry_run: bool = False) -> Parts:
     files = IngressFiles(settings.sources.files, reconciler, settings.sources.max_file_bytes)
     discovery = factories.discovery(settings, metrics)
     readiness = Readiness(etcd, reconciler, files, edge.ca_files, supervisor, leadership, observer, discovery)
+    metrics.ready.read_from(lambda: [((), 0.0 if readiness.reasons() else 1.0)])
     return Parts(
         settings=settings, layout=layout, metrics=metrics, supervisor=supervisor, etcd=etcd, events=events, health=health, edge=edge,
         renderer=renderer, reconciler=reconciler, serving=serving, files=files, readiness=readiness,

@@ -86,10 +86,10 @@ class Client:
         async with self.http.get(f"{self.control}/readyz") as resp:
             return resp.status, (await resp.json())["reasons"]
 
-    async def metric(self, name: str) -> float | None:
+    async def metric(self, name: str, labels: str = f'{{root="{ROOT}"}}') -> float | None:
         async with self.http.get(f"{self.control}/metrics") as resp:
             for line in (await resp.text()).splitlines():
-                if line.startswith(f'{name}{{root="{ROOT}"}}'):
+                if line.startswith(f"{name}{labels} "):
                     return float(line.rsplit(" ", 1)[1])
         return None
 
@@ -233,6 +233,7 @@ async def test_a_foreign_undecodable_key_freezes_traefik_is_named_and_clearing_i
         assert root["blocking_keys"] == [bad] and root["lag_seconds"] > MAX_LAG
         status_code, reasons = await client.readyz()
         assert status_code == 503 and f"traefik frozen on {ROOT}: blocked by key {bad}" in reasons
+        assert await client.metric("exporter_ready", "") == 0.0  # what /readyz says, without probing it
         assert await serves(http, traefik.url("web"), f"{iid}.test", status=404)  # still the old snapshot
         assert await serves(http, traefik.url("web"), f"{before}.test", body="blocked")
     finally:
@@ -240,6 +241,7 @@ async def test_a_foreign_undecodable_key_freezes_traefik_is_named_and_clearing_i
     await eventually(lambda: _converged(client), timeout=20)
     assert await serves(http, traefik.url("web"), f"{iid}.test", body="blocked")
     assert await client.readyz() == (200, [])
+    assert await client.metric("exporter_ready", "") == 1.0
 
 
 async def test_pushes_while_traefik_is_behind_commit_records_at_once_and_their_keys_as_one_revision(
