@@ -21,6 +21,7 @@ from ..keys import KeyLayout
 from ..leader import Leadership
 from ..metrics import Metrics
 from ..reconcile import Collaborators, Inbox, Reconciler
+from ..render.ca_files import CaFiles
 from ..render.edge import EdgePolicy
 from ..render.renderer import Renderer
 from ..roles import AllOf, AlwaysLeader
@@ -63,6 +64,12 @@ class Parts:
     discovery: Discovery | None
 
 
+def _read_at_scrape(metrics: Metrics, ca_files: CaFiles, readiness: Readiness) -> None:
+    """The gauges read from the assembly's own parts: the CA files' states, and readiness (what /readyz answers)."""
+    metrics.ca_file_ok.read_from(ca_files.states)
+    metrics.ready.read_from(lambda: [((), 0.0 if readiness.reasons() else 1.0)])
+
+
 def assemble(settings: Settings, dry_run: bool = False) -> Parts:
     """Build every part the settings describe (a dry run campaigns for nothing: it writes no election key)."""
     layout = settings.layout()
@@ -82,7 +89,6 @@ def assemble(settings: Settings, dry_run: bool = False) -> Parts:
                           metrics=metrics)
     store.add_listener(health.update)
     edge = factories.edge_policy(settings)
-    metrics.ca_file_ok.read_from(edge.ca_files.states)
     renderer = factories.renderer_for(settings, layout, edge)
     observer = factories.observer(
         settings, layout, observed, store, on_state=lambda root, state, _text: events.add("traefik", f"{state} on {root}"),
@@ -105,7 +111,7 @@ def assemble(settings: Settings, dry_run: bool = False) -> Parts:
     files = IngressFiles(settings.sources.files, reconciler, settings.sources.max_file_bytes)
     discovery = factories.discovery(settings, metrics)
     readiness = Readiness(etcd, reconciler, files, edge.ca_files, supervisor, leadership, observer, discovery)
-    metrics.ready.read_from(lambda: [((), 0.0 if readiness.reasons() else 1.0)])
+    _read_at_scrape(metrics, edge.ca_files, readiness)
     return Parts(
         settings=settings, layout=layout, metrics=metrics, supervisor=supervisor, etcd=etcd, events=events, health=health, edge=edge,
         renderer=renderer, reconciler=reconciler, serving=serving, files=files, readiness=readiness,

@@ -4,11 +4,19 @@
 of the request is committed in etcd; `GET /v2/ingress` lists what is stored. The token is
 checked before anything else is read; errors are `{"type", "title", "data"}` JSON and never
 carry a stack trace, an input value or a secret.
+
+Every request has an id: the coordinator's `X-BackendAI-RequestID` when it is a plain token,
+else a generated one. It is echoed in the same response header, named in error bodies
+(`data.request_id`), carried by every log line the request's handler writes, and each push
+leaves one access line (method, route, status, duration, ingresses, request id).
 """
 
 from __future__ import annotations
 
 import ipaddress
+import re
+import time
+import uuid
 from collections.abc import Awaitable, Callable
 from typing import Protocol, TypeVar
 
@@ -38,6 +46,9 @@ from .files import RecordSink
 
 _Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 M = TypeVar("M", bound=BaseModel)
+REQUEST_ID_HEADER = "X-BackendAI-RequestID"
+# A coordinator's id taken as it is: short, and nothing that could forge a log line or a header.
+_REQUEST_ID_RE = re.compile(r"^[A-Za-z0-9._:-]{1,128}\Z")
 
 # The one place errors become HTTP statuses (docs/api.md); the most specific class wins.
 HTTP_STATUS: dict[type[ExporterError], int] = {
@@ -77,9 +88,18 @@ def is_loopback(listen: str) -> bool:
         return False
 
 
-def error_response(error: ExporterError) -> web.Response:
-    """The JSON error body and status of one error."""
-    return web.json_response(error.to_json(), status=status_of(error))
+def error_response(error: ExporterError, request_id: str | None = None) -> web.Response:
+    """The JSON error body and status of one error (naming the request id when there is one)."""
+    body = error.to_json()
+    if request_id is not None:
+        body["data"] = {**body["data"], "request_id": request_id}
+    return web.json_response(body, status=status_of(error))
+
+
+def request_id_of(request: web.Request) -> str:
+    """The coordinator's request id when it is a plain token (at most 128 of `A-Za-z0-9._:-`), else a new one."""
+    given = request.headers.get(REQUEST_ID_HEADER, "")
+    return given if _REQUEST_ID_RE.match(given) else uuid.uuid4().hex
 
 
 async def read_body(request: web.Request, model: type[M], max_body_bytes: int) -> M:
@@ -130,25 +150,41 @@ class PushApi:
     @web.middleware
     async def _guard(self, request: web.Request, handler: _Handler) -> web.StreamResponse:
         route = request.match_info.route.resource.canonical if request.match_info.route.resource else "unknown"
+        request_id = request_id_of(request)
+        started = time.perf_counter()
+        with logger.contextualize(request_id=request_id):
+            response = await self._answer(request, handler, request_id)
+            response.headers[REQUEST_ID_HEADER] = request_id
+            self._requests.labels(route, str(response.status)).inc()
+            if request.method == "POST":
+                logger.bind(route=route, status=response.status, ingresses=request.get("ingresses", 0)).info(
+                    "push {} {} {} {:.1f}ms ingresses={} request_id={}", request.method, route, response.status,
+                    (time.perf_counter() - started) * 1000, request.get("ingresses", 0), request_id,
+                )
+        return response
+
+    async def _answer(self, request: web.Request, handler: _Handler, request_id: str) -> web.StreamResponse:
+        """The handler's response, or the error response of what it raised (never a stack trace)."""
         try:
             self._auth.check(request.headers)
-            response = await handler(request)
+            return await handler(request)
         except ExporterError as exc:
-            response = error_response(exc)
+            response = error_response(exc, request_id)
             if self._refused is not None and response.status in (400, 409):
                 self._refused(exc)
+            return response
         except web.HTTPException as exc:
             if exc.status == 413:
-                response = error_response(BodyTooLarge(f"request body is larger than {self._max_body_bytes} bytes"))
-            else:
-                response = web.json_response({"type": type(exc).__name__, "title": exc.reason, "data": {}}, status=exc.status)
+                return error_response(BodyTooLarge(f"request body is larger than {self._max_body_bytes} bytes"), request_id)
+            return web.json_response(
+                {"type": type(exc).__name__, "title": exc.reason, "data": {"request_id": request_id}}, status=exc.status
+            )
         except Exception:  # noqa: BLE001 - never a stack trace in a body
             logger.exception("push API {} {} failed", request.method, request.path)
-            response = web.json_response(
-                {"type": "InternalError", "title": "internal error; see the exporter log", "data": {}}, status=500
+            return web.json_response(
+                {"type": "InternalError", "title": "internal error; see the exporter log", "data": {"request_id": request_id}},
+                status=500,
             )
-        self._requests.labels(route, str(response.status)).inc()
-        return response
 
     def _check_ready(self) -> None:
         if not self._ready():
@@ -172,6 +208,7 @@ class PushApi:
         """`POST /v2/ingress/upsert`: 204 once every ingress of the body is committed (`?wait=served`: and served)."""
         waiter = self._waiter(request)
         body = await read_body(request, UpsertRequest, self._max_body_bytes)
+        request["ingresses"] = len(body.ingresses)
         self._check_ready()
         await self._sink.submit([Record.of(ingress) for ingress in body.ingresses])
         if waiter is not None:
@@ -182,6 +219,7 @@ class PushApi:
         """`POST /v2/ingress/remove`: 204 once every removal is committed (`?wait=served`: and no longer served)."""
         waiter = self._waiter(request)
         body = await read_body(request, RemoveRequest, self._max_body_bytes)
+        request["ingresses"] = len(body.ingresses)
         self._check_ready()
         removals = [Removal(IngressRef(r.authority, r.id), r.revision) for r in body.ingresses]
         await self._sink.submit([], removals)

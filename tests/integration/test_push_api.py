@@ -134,7 +134,7 @@ async def test_stale_and_conflicting_revisions_are_409_and_write_nothing(api: Ap
     before = await written(etcd_client, iid)
     status, body = await api.upsert(ing(iid, revision=4))
     assert status == 409 and body["type"] == "StaleRevisionError"
-    assert body["data"] == {"authority": AUTHORITY, "id": iid, "stored_revision": 5}
+    assert body["data"] == {"authority": AUTHORITY, "id": iid, "stored_revision": 5, "request_id": body["data"]["request_id"]}
     status, body = await api.upsert(ing(iid, revision=5, path_prefix="/other"))
     assert status == 409 and body["data"]["stored_revision"] == 5
     status, body = await api.remove((iid, 3))
@@ -477,3 +477,34 @@ async def test_backendai_credentials_reach_the_real_server_and_wrong_ones_write_
     async with http.post(f"{base}/v2/ingress/remove", json={"ingresses": [{"authority": AUTHORITY, "id": iid, "revision": 1}]},
                          headers={"Authorization": f"Bearer {token}"}) as resp:
         assert resp.status == 204, await resp.text()
+
+
+async def test_every_push_is_logged_once_under_its_request_id_and_errors_name_it(
+    api: Api, api_daemon: Daemon, http: aiohttp.ClientSession
+) -> None:
+    from loguru import logger
+
+    lines: list[dict[str, Any]] = []
+    sink = logger.add(lambda m: lines.append({"text": m.record["message"], **m.record["extra"]}), level="INFO")
+    try:
+        iid = uid()
+        base = f"http://{api_daemon.settings.api.listen}"
+        headers = {"Authorization": f"Bearer {API_TOKEN}", "Content-Type": "application/json", "X-BackendAI-RequestID": "coord-42.a:b"}
+        body = json.dumps({"ingresses": [ing(iid)]})
+        async with http.post(f"{base}/v2/ingress/upsert", data=body, headers=headers) as resp:
+            assert resp.status == 204 and resp.headers["X-BackendAI-RequestID"] == "coord-42.a:b"
+        async with http.post(f"{base}/v2/ingress/upsert", data=body.replace('"revision": 1', '"revision": 0'),
+                             headers={**headers, "X-BackendAI-RequestID": "bad id; " + "x" * 200}) as resp:
+            refused = await resp.json()
+            generated = resp.headers["X-BackendAI-RequestID"]
+        # A hostile id is not taken: a generated one is echoed, named in the body, and logged.
+        assert resp.status == 409 and refused["data"]["request_id"] == generated and len(generated) == 32
+        async with http.get(f"{base}/v2/ingress", headers={"Authorization": f"Bearer {API_TOKEN}"}) as resp:
+            assert resp.status == 200 and resp.headers["X-BackendAI-RequestID"]
+    finally:
+        logger.remove(sink)
+    access = [line for line in lines if line["text"].startswith("push ")]
+    assert [(a["request_id"], a["status"], a["ingresses"]) for a in access] == [("coord-42.a:b", 204, 1), (generated, 409, 1)]
+    assert access[0]["route"] == "/v2/ingress/upsert" and "ms ingresses=1 request_id=coord-42.a:b" in access[0]["text"]
+    # Never the token or the body.
+    assert not any(API_TOKEN in line["text"] or iid in line["text"] for line in access)
