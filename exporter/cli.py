@@ -129,6 +129,15 @@ def cmd_status(args: argparse.Namespace) -> int:
     return code
 
 
+def cmd_healthcheck(args: argparse.Namespace) -> int:
+    """Exit 0 when the daemon's control server answers /healthz with 200, 1 otherwise."""
+    from .control.liveness import healthcheck
+
+    code, text = healthcheck(_settings(args))
+    (sys.stdout if code == 0 else sys.stderr).write(text)
+    return code
+
+
 def cmd_config_reference(_args: argparse.Namespace) -> int:
     """Print the configuration reference (docs/configuration.md)."""
     from .config.reference import reference_markdown
@@ -175,6 +184,11 @@ def parser() -> argparse.ArgumentParser:
     )
     status.add_argument("--config", "-c", help="exporter.yaml")
     status.set_defaults(func=cmd_status)
+    health = sub.add_parser(
+        "healthcheck", help="exit 0 when the daemon the config describes answers /healthz (a container's HEALTHCHECK), 1 otherwise"
+    )
+    health.add_argument("--config", "-c", help="exporter.yaml")
+    health.set_defaults(func=cmd_healthcheck)
     reference = sub.add_parser("config-reference", help="print the configuration reference as Markdown")
     reference.set_defaults(func=cmd_config_reference)
     return p

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 
 import aiohttp
@@ -162,3 +163,30 @@ def test_version_and_a_help_that_describes_the_tool() -> None:
     shown = run_cli("--help")
     assert shown.returncode == 0 and "compare-guarded etcd transactions" in shown.stdout and "run --embedded" in shown.stdout
     assert "Thin:" not in shown.stdout  # the module's docstring is for developers
+
+
+@pytest.mark.parametrize("tls", [False, True], ids=["http", "https"])
+async def test_healthcheck_asks_the_control_server_the_config_names(tmp_path: Path, etcd: EmbeddedEtcd, tls: bool) -> None:
+    from exporter.daemon import Daemon
+    from exporter.embedded import free_port
+    from tests.helpers import tls_backend_context
+
+    control: dict[str, object] = {"listen": f"127.0.0.1:{free_port()}"}
+    if tls:
+        tls_backend_context(tmp_path, "control.internal")  # writes server.pem and server.key
+        control |= {"tls_cert_file": str(tmp_path / "server.pem"), "tls_key_file": str(tmp_path / "server.key")}
+    config = tmp_path / "exporter.yaml"
+    config.write_text(
+        f'etcd: {{endpoints: ["{etcd.url}"]}}\nrecords_prefix: "{uid("hc")}/records"\napi: {{enabled: false}}\n'
+        f"control: {json.dumps(control)}\n"
+    )
+    dead = await asyncio.to_thread(run_cli, "healthcheck", "--config", str(config))
+    assert dead.returncode == 1 and "does not answer" in dead.stderr
+    daemon = Daemon(load_settings(config))
+    await daemon.start()
+    try:
+        alive = await asyncio.to_thread(run_cli, "healthcheck", "--config", str(config))
+        scheme = "https" if tls else "http"
+        assert alive.returncode == 0 and alive.stdout.startswith(f"healthy: {scheme}://{control['listen']}/healthz"), alive.stderr
+    finally:
+        await daemon.stop()
