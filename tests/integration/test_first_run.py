@@ -70,3 +70,26 @@ async def test_the_first_run_prints_the_status_page_first_and_a_downed_backend_t
     finally:
         proc.send_signal(signal.SIGINT)
         assert proc.wait(30) == 0
+
+
+async def test_ctrl_c_to_the_whole_process_group_stops_the_daemon_before_its_children(http: aiohttp.ClientSession) -> None:
+    # A terminal's Ctrl-C signals every process of the foreground group at once: the daemon must
+    # step down (revoke its leader lease in etcd) before etcd and Traefik stop, and warn of nothing.
+    env = {**os.environ, "EXPORTER_LOG__LEVEL": "WARNING"}
+    proc = subprocess.Popen([sys.executable, "-m", "exporter", "run", "--embedded"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
+    try:
+        text = "".join(await _lines_until(proc, "Ctrl-C stops everything"))
+        page = re.search(r"Status page: (http://127\.0\.0\.1:\d+/)", text)
+        assert page is not None, text
+
+        async def leading() -> bool:
+            return (await _state(http, page.group(1)))["overview"]["role"] == "leader"
+        await eventually(leading, timeout=30)
+    finally:
+        os.killpg(proc.pid, signal.SIGINT)
+        _out, err = await asyncio.to_thread(proc.communicate, timeout=60)
+    assert proc.returncode == 0
+    # The one warning of a first run is its own: the demo's push API takes requests without a token.
+    warnings = [line for line in err.splitlines() if '"WARNING"' in line or '"ERROR"' in line]
+    assert [w for w in warnings if "accepts requests without a token" not in w] == [], err
