@@ -84,7 +84,8 @@ async def test_ctrl_c_to_the_whole_process_group_stops_the_daemon_before_its_chi
         assert page is not None, text
 
         async def leading() -> bool:
-            return (await _state(http, page.group(1)))["overview"]["role"] == "leader"
+            role: str = (await _state(http, page.group(1)))["overview"]["role"]
+            return role == "leader"
         await eventually(leading, timeout=30)
     finally:
         os.killpg(proc.pid, signal.SIGINT)
