@@ -372,8 +372,11 @@ async def test_etcd_stopped_while_idle_readiness_turns_503_in_time_and_back(tmp_
         await eventually(lambda: _ready_reason(c, "etcd unreachable"), timeout=timeout + 5, interval=0.05)
         took = time.monotonic() - stopped
         assert took <= timeout + 2, f"/readyz said 503 after {took:.2f}s"
+        # What ExporterNotReady alerts on: an idle daemon writes nothing, so no etcd error is counted.
+        assert await c.metric("exporter_ready", "") == 0.0
         await asyncio.to_thread(etcd.restart)
         await eventually(lambda: _ready(c), timeout=10)
+        assert await c.metric("exporter_ready", "") == 1.0
     finally:
         await idle.stop()
         etcd.stop()
