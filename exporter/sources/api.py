@@ -18,6 +18,7 @@ import re
 import time
 import uuid
 from collections.abc import Awaitable, Callable
+from contextvars import ContextVar
 from typing import Protocol, TypeVar
 
 from aiohttp import web
@@ -49,6 +50,8 @@ M = TypeVar("M", bound=BaseModel)
 REQUEST_ID_HEADER = "X-BackendAI-RequestID"
 # A coordinator's id taken as it is: short, and nothing that could forge a log line or a header.
 _REQUEST_ID_RE = re.compile(r"^[A-Za-z0-9._:-]{1,128}\Z")
+# How many ingresses the request being answered carries (its access line says): set by the handler, in the request's task.
+_INGRESSES: ContextVar[int] = ContextVar("ingresses", default=0)
 
 # The one place errors become HTTP statuses (docs/api.md); the most specific class wins.
 HTTP_STATUS: dict[type[ExporterError], int] = {
@@ -152,15 +155,18 @@ class PushApi:
         route = request.match_info.route.resource.canonical if request.match_info.route.resource else "unknown"
         request_id = request_id_of(request)
         started = time.perf_counter()
+        counted = _INGRESSES.set(0)
         with logger.contextualize(request_id=request_id):
             response = await self._answer(request, handler, request_id)
             response.headers[REQUEST_ID_HEADER] = request_id
             self._requests.labels(route, str(response.status)).inc()
             if request.method == "POST":
-                logger.bind(route=route, status=response.status, ingresses=request.get("ingresses", 0)).info(
+                ingresses = _INGRESSES.get()
+                logger.bind(route=route, status=response.status, ingresses=ingresses).info(
                     "push {} {} {} {:.1f}ms ingresses={} request_id={}", request.method, route, response.status,
-                    (time.perf_counter() - started) * 1000, request.get("ingresses", 0), request_id,
+                    (time.perf_counter() - started) * 1000, ingresses, request_id,
                 )
+        _INGRESSES.reset(counted)
         return response
 
     async def _answer(self, request: web.Request, handler: _Handler, request_id: str) -> web.StreamResponse:
@@ -208,7 +214,7 @@ class PushApi:
         """`POST /v2/ingress/upsert`: 204 once every ingress of the body is committed (`?wait=served`: and served)."""
         waiter = self._waiter(request)
         body = await read_body(request, UpsertRequest, self._max_body_bytes)
-        request["ingresses"] = len(body.ingresses)
+        _INGRESSES.set(len(body.ingresses))
         self._check_ready()
         await self._sink.submit([Record.of(ingress) for ingress in body.ingresses])
         if waiter is not None:
@@ -219,7 +225,7 @@ class PushApi:
         """`POST /v2/ingress/remove`: 204 once every removal is committed (`?wait=served`: and no longer served)."""
         waiter = self._waiter(request)
         body = await read_body(request, RemoveRequest, self._max_body_bytes)
-        request["ingresses"] = len(body.ingresses)
+        _INGRESSES.set(len(body.ingresses))
         self._check_ready()
         removals = [Removal(IngressRef(r.authority, r.id), r.revision) for r in body.ingresses]
         await self._sink.submit([], removals)
