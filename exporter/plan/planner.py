@@ -29,8 +29,8 @@ class Planner:
 
     Shared objects (render/shared.py) are planned beside the ingresses that reference them:
     one that a planned ingress references and etcd does not hold as rendered is written (with
-    the first transaction that needs it); with the roots, every one in use that differs is
-    repaired and every orphan is deleted.
+    the first transaction that needs it); with the roots, every orphan is deleted, and a full
+    pass repairs every one in use that differs.
     """
 
     def __init__(self, renderer: Renderer, layout: KeyLayout, certificate: DefaultCertificate) -> None:
@@ -88,7 +88,9 @@ class Planner:
             unit = self._plan_owner(ref, desired.get(ref), observed, ejections, shared)
             if unit is not None:
                 owned.append(unit)
-        plan.units += self._plan_shared(shared, observed, sorted(roots) if include_roots else [])
+        # Every shared object in use is checked only by a full pass (a foreign edit of one asks for
+        # a full pass): at thousands of them, a push would otherwise compare them all.
+        plan.units += self._plan_shared(shared, observed, sorted(roots) if full else [])
         plan.units += owned
         if include_roots:
             plan.units += self._plan_orphans(sorted(roots), shared, observed)
