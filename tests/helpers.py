@@ -118,6 +118,16 @@ class Backend:
             self._runner = None
 
 
+async def serve_all_paths(port: int, handle: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> web.AppRunner:
+    """A started HTTP server on 127.0.0.1:`port` answering every method and path with `handle`."""
+    app = web.Application()
+    app.router.add_route("*", "/{tail:.*}", handle)
+    runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.1)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", port).start()
+    return runner
+
+
 async def get_via(session: aiohttp.ClientSession, base_url: str, host: str, path: str = "/", **kwargs: Any) -> tuple[int, str]:
     """One request through Traefik with the given Host header (`headers` replaces it, with more)."""
     headers = kwargs.pop("headers", None) or {"Host": host}

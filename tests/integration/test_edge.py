@@ -20,7 +20,7 @@ from exporter.embedded import EmbeddedEtcd, EmbeddedTraefik, free_port
 from exporter.errors import ValidationFailed
 from exporter.etcd.client import EtcdClient
 from tests.conftest import API_TOKEN, ROOT, Ingresses, settings_for
-from tests.helpers import AUTHORITY, Backend, eventually, footprint, record, serves, tls_backend_context, uid
+from tests.helpers import AUTHORITY, Backend, eventually, footprint, record, serve_all_paths, serves, tls_backend_context, uid
 
 pytestmark = pytest.mark.integration
 
@@ -57,11 +57,7 @@ class Model:
             await request.read()
             return web.Response(text="model")
 
-        app = web.Application()
-        app.router.add_route("*", "/{tail:.*}", handle)
-        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.1)
-        await self._runner.setup()
-        await web.TCPSite(self._runner, "127.0.0.1", self.port).start()
+        self._runner = await serve_all_paths(self.port, handle)
         return self
 
     async def stop(self) -> None:

@@ -25,7 +25,7 @@ from exporter.embedded import EmbeddedEtcd, EmbeddedTraefik, free_port
 from exporter.etcd.client import EtcdClient
 from exporter.etcd.types import Op
 from tests.conftest import ROOT, Ingresses
-from tests.helpers import AUTHORITY, Backend, eventually, record, serves, tls_backend_context, uid
+from tests.helpers import AUTHORITY, Backend, eventually, record, serve_all_paths, serves, tls_backend_context, uid
 from tests.replay import replay
 
 pytestmark = pytest.mark.integration
@@ -54,11 +54,7 @@ class Echo:
                 await asyncio.sleep(3)
             return web.Response(text=f"{self.name} {request.headers.get('Host', '')}")
 
-        app = web.Application()
-        app.router.add_route("*", "/{tail:.*}", handle)
-        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.1)
-        await self._runner.setup()
-        await web.TCPSite(self._runner, "127.0.0.1", self.port).start()
+        self._runner = await serve_all_paths(self.port, handle)
         return self
 
     async def stop(self) -> None:
