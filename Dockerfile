@@ -16,6 +16,8 @@ LABEL org.opencontainers.image.title="traefik-etcd-exporter" \
 RUN useradd --system --uid 10001 --no-create-home exporter
 COPY --from=build /wheels /wheels
 RUN pip install --no-cache-dir /wheels/*.whl && rm -rf /wheels
+# A read-only root filesystem (compose): nothing to write, not even bytecode.
+ENV PYTHONDONTWRITEBYTECODE=1
 USER 10001
 WORKDIR /etc/exporter
 EXPOSE 8570 8571

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Iterator, Sequence
 
 from loguru import logger
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Counter, GCCollector, Histogram, PlatformCollector, ProcessCollector
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -57,6 +57,11 @@ class Metrics:
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
+        # What every Prometheus client exports (CPU, memory, file descriptors, GC, Python version):
+        # the dashboard's process row and fleet-wide comparisons rely on the standard names.
+        ProcessCollector(registry=self.registry)
+        PlatformCollector(registry=self.registry)
+        GCCollector(registry=self.registry)
         counter, gauge, histogram = self._counter, self._gauge, self._histogram
         # write path
         self.etcd_txns = counter("exporter_etcd_txns_total", "etcd transactions sent by the writer", "result")
