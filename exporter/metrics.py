@@ -9,11 +9,14 @@ daemons in one process (tests, benchmarks) keep separate numbers.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import get_args
 
 from loguru import logger
 from prometheus_client import CollectorRegistry, Counter, GCCollector, Histogram, PlatformCollector, ProcessCollector
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
+
+from .health.state import Outcome, State
 
 # One gauge sample: its label values (in the gauge's label order) and its value.
 Sample = tuple[Sequence[str], float]
@@ -87,6 +90,17 @@ class Metrics:
         self.traefik_requests = counter("exporter_traefik_requests_total", "requests to Traefik's API by the observer", "what")
         self._health()
         self._daemon()
+        self._zeros()
+
+    def _zeros(self) -> None:
+        """Every known label value of a counter exists at 0 from the start: increase() and rate()
+        over a series that first appears at 1 read 0, so the first event would be invisible."""
+        for result in ("committed", "conflict"):
+            self.etcd_txns.labels(result)
+        for outcome in get_args(Outcome):
+            self.health_probes.labels(outcome)
+        for state in State:
+            self.health_transitions.labels(state.value)
 
     def _health(self) -> None:
         counter, gauge, histogram = self._counter, self._gauge, self._histogram

@@ -49,6 +49,9 @@ class Supervisor:
 
     def spawn(self, name: str, run: Callable[[], Awaitable[None]], *, group: str | None = None) -> asyncio.Task[None]:
         """Start `run()` as a supervised task called `name`; `group` labels its restarts (default: the name)."""
+        # The series exists at 0 before the first crash: increase() over a series that first
+        # appears at 1 reads 0, and the first crash would never raise ExporterTaskCrashes.
+        self.metrics.task_restarts.labels(group or name)
         return asyncio.create_task(self._supervise(name, group or name, run), name=name)
 
     async def _supervise(self, name: str, group: str, run: Callable[[], Awaitable[None]]) -> None:

@@ -49,10 +49,12 @@ class Prober:
         # A plugin's probe that raises is a failed probe of that node; checking goes on.
         assert target.probe is not None
         where = f"{target.name} {node.url}"
+        # The plugin's series exists at 0 from its first probe, so the first error shows in rate().
+        errors = self._plugin_errors.labels(target.plugin or "unnamed")
         try:
             outcome = await target.probe(node, target.check)
         except Exception as exc:  # noqa: BLE001 - a broken plugin must not stop checking its target
-            self._plugin_errors.labels(target.plugin or "unnamed").inc()
+            errors.inc()
             if where not in self._raising:
                 self._raising.add(where)
                 logger.opt(exception=exc).error("health: plugin {} raised probing {}; counted as a failed probe", target.plugin, where)

@@ -97,7 +97,7 @@ class Reconciler:
         self.ledger = CommitLedger(self.observed)
         self.pacer = Pacer(shared.behind, cadence.pace_hold_max)
         metrics = self.metrics = shared.metrics if shared.metrics is not None else Metrics()
-        metrics.paced_ingresses.read_from(self.pacer.counts)
+        metrics.paced_ingresses.read_from(lambda: self.pacer.counts({layout.root(ref.authority) for ref in self.store.records}))
         writer = Writer(
             etcd, self.ledger, max_ops=limits.max_ops, max_bytes=limits.max_bytes, max_in_flight=limits.max_in_flight, metrics=metrics
         )

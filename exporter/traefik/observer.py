@@ -15,7 +15,6 @@ names a root, only that root is reported.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -144,6 +143,8 @@ class TraefikObserver:
                 self._unreachable_since = now
         if self._shown is not None:
             self._served_root = self._shown.partition(" ")[0]
+            # The sidecar's own root has its apply series at 0 before its first write is applied.
+            self._apply.labels(self._served_root)
         self._update(now)
         await self._checks.done()
 
@@ -163,9 +164,11 @@ class TraefikObserver:
         roots = self._written_roots()
         for gone in set(self._views) - roots:
             del self._views[gone]
-            with contextlib.suppress(KeyError):  # a root Traefik never applied a commit of has none
-                self._apply.remove(gone)
+            self._apply.remove(gone)
         for root in sorted(roots):
+            if root not in self._views:
+                # At 0 from the start: rate() does not see the first sample of a series born at 1.
+                self._apply.labels(root)
             view = self._views.setdefault(root, RootConvergence(root))
             self._update_root(view, now)
 

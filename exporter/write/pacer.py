@@ -101,9 +101,10 @@ class Pacer:
         """Forget everything held (leadership lost: the next leader renders whatever keys are missing)."""
         self._held.clear()
 
-    def counts(self) -> list[Sample]:
-        """Held ingresses per root (the paced-ingresses gauge, read at scrape)."""
-        return [((root,), float(len(self._held.get(root, ())))) for root in sorted(self._roots)]
+    def counts(self, roots: Iterable[str] = ()) -> list[Sample]:
+        """Held ingresses per root (the paced-ingresses gauge, read at scrape): every root that ever
+        held keys, and `roots` (those written to), so a root's series exists before its first hold."""
+        return [((root,), float(len(self._held.get(root, ())))) for root in sorted(self._roots.union(roots))]
 
     def backlog(self, root: str) -> Backlog:
         """What is held on `root`."""

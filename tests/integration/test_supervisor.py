@@ -55,7 +55,11 @@ async def test_a_crash_is_logged_with_its_traceback_counted_and_restarted(logged
         done.set()
         await asyncio.Event().wait()
 
+    # The series exists at 0 before the first crash, so increase() sees that crash.
+    labelled = {"task": "flaky"}
+    assert supervisor.metrics.registry.get_sample_value("exporter_task_restarts_total", labelled) is None
     task = supervisor.spawn("flaky", flaky)
+    assert supervisor.metrics.registry.get_sample_value("exporter_task_restarts_total", labelled) == 0
     await asyncio.wait_for(done.wait(), 5)
     assert runs == 2 and _restarts(supervisor, "flaky") == 1
     crash = next(line for line in logged if "task flaky crashed" in line)

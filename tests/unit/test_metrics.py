@@ -107,5 +107,23 @@ def test_the_assembly_hands_its_metrics_to_every_part_that_counts(module: str) -
 def test_every_metric_is_documented() -> None:
     table = (PACKAGE.parent / "docs" / "operations.md").read_text()
     names = {m.name for m in Metrics().registry.collect()}
-    assert len(names) == 30
-    assert sorted(n for n in names if f"`{n}" not in table) == []
+    own = {n for n in names if n.startswith("exporter_")}
+    assert len(own) == 30
+    assert sorted(n for n in own if f"`{n}" not in table) == []
+    # The standard families every Prometheus client exports, documented as one row.
+    assert {n.split("_")[0] for n in names - own} == {"process", "python"}
+    assert "`process_*`" in table and "`python_*`" in table
+
+
+def test_counters_with_known_label_values_start_at_zero_so_the_first_event_counts() -> None:
+    metrics = Metrics()
+    for name, labels in [("exporter_etcd_txns_total", {"result": "conflict"}),
+                         ("exporter_health_probes_total", {"result": "timeout_failure"}),
+                         ("exporter_health_transitions_total", {"to": "unhealthy"})]:
+        assert metrics.registry.get_sample_value(name, labels) == 0, (name, labels)
+
+
+def test_the_registry_carries_the_standard_process_metrics() -> None:
+    text = generate_latest(Metrics().registry).decode()
+    for name in ("process_cpu_seconds_total", "process_resident_memory_bytes", "process_open_fds", "python_info"):
+        assert f"\n{name}" in text, name
