@@ -53,7 +53,7 @@ def etcd_client(settings: Settings) -> EtcdClient:
         username=e.username,
         password=settings.secret("etcd.password"),
     )
-    return EtcdClient(e.endpoints, e.timeout, e.page_size, security)
+    return EtcdClient(e.endpoints, e.timeout, e.page_size, security, e.transport)
 
 
 def edge_policy(settings: Settings) -> EdgePolicy:

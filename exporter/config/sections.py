@@ -24,10 +24,14 @@ class _Section(BaseModel):
 
 
 class EtcdSettings(_Section):
-    """How to reach etcd (through its v3 JSON gateway)."""
+    """How to reach etcd (its gRPC API, or its v3 JSON gateway)."""
 
     endpoints: list[str] = Field(
-        default=["http://127.0.0.1:2379"], min_length=1, description="etcd client URLs (v3 JSON gateway), tried in order"
+        default=["http://127.0.0.1:2379"], min_length=1, description="etcd client URLs, tried in order"
+    )
+    transport: Literal["grpc", "gateway"] = Field(
+        default="grpc",
+        description="reads, transactions and leases over etcd's gRPC API (a third of etcd's CPU per write) or its JSON gateway",
     )
     timeout: float = Field(default=5.0, gt=0, description="seconds per etcd request")
     max_txn_ops: int | None = Field(

@@ -1,69 +1,86 @@
-"""A small asyncio client of etcd's v3 gRPC-gateway JSON API, on aiohttp.
+"""The exporter's etcd client: reads, transactions and leases over gRPC (or the JSON gateway), watches.
 
-etcd3gw is synchronous with no default timeout and silent watch failures
-(docs/writer.md, "Talking to etcd"), so the daemon talks to the same gateway directly: full control of
-compares, `header.revision`, paging (`more`), watch resume and error codes. Reaching the
-gateway (failover, TLS, tokens, reachability) is `gateway.Gateway`'s job.
+Python has no complete asyncio etcd client (docs/writer.md, "Talking to etcd"), so the daemon
+speaks etcd's API itself: `GrpcKv` on etcd's gRPC services through `grpc.aio` with stubs generated
+from etcd's protobuf files (`proto/`), or `GatewayKv` on the v3 JSON gateway over aiohttp
+(`etcd.transport: gateway`). Watches use the gateway, whose messages are decoded only when looked
+into. Both transports share one `Evidence` of reachability and one endpoint list.
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import re
 from collections.abc import AsyncIterator, Sequence
-from typing import Any
+from typing import Literal, Protocol
 
 import aiohttp
 import orjson
 
 from ..errors import EtcdError, WatchCanceled
-from .gateway import EtcdSecurity, Gateway, Reachability, error_text
-from .types import (
-    Compare,
-    KeyValue,
-    Op,
-    RangePage,
-    TxnResult,
-    WatchEvent,
-    WatchLine,
-    b64,
-    b64_range_end,
-    kv_of,
-    txn_body,
-)
+from .channel import Channels
+from .gateway import EtcdSecurity, Gateway, error_text
+from .gateway_kv import GatewayKv
+from .grpc_kv import GrpcKv
+from .reach import Evidence, Reachability
+from .types import Compare, KeyValue, Op, RangePage, TxnResult, WatchEvent, WatchLine, b64, b64_range_end
+
+Transport = Literal["grpc", "gateway"]
 
 # One watch response is one JSON line; a burst of large transactions can make it big.
 _MAX_WATCH_LINE = 64 * 1024 * 1024
 
 
+class Kv(Protocol):
+    """What each transport sends: reads, transactions, unguarded writes for tools, leases."""
+
+    async def get(self, key: str) -> KeyValue | None: ...
+    async def range_prefix(self, prefix: str, *, revision: int = 0) -> RangePage: ...
+    async def txn(self, compares: Sequence[Compare], ops: Sequence[Op]) -> TxnResult: ...
+    async def put(self, key: str, value: str) -> int: ...
+    async def delete_prefix(self, prefix: str) -> int: ...
+    async def delete(self, key: str) -> int: ...
+    async def lease_grant(self, ttl: int) -> int: ...
+    async def lease_keepalive(self, lease: int) -> int: ...
+    async def lease_revoke(self, lease: int) -> None: ...
+    async def revision(self) -> int: ...
+
+
 class EtcdClient:
-    """Range, txn, lease and watch against etcd's gateway (the first endpoint that answers)."""
+    """Range, txn, lease and watch against etcd (the first endpoint that answers)."""
 
     def __init__(
-        self, endpoints: Sequence[str], timeout: float = 5.0, page_size: int = 5000, security: EtcdSecurity | None = None
+        self, endpoints: Sequence[str], timeout: float = 5.0, page_size: int = 5000, security: EtcdSecurity | None = None,
+        transport: Transport = "grpc",
     ) -> None:
-        self._gateway = Gateway(endpoints, timeout, security)
-        self._page_size = page_size
+        self._evidence = Evidence()
+        self._gateway = Gateway(endpoints, timeout, security, self._evidence)
+        self._gateway_kv = GatewayKv(self._gateway, page_size)
+        self._channels: Channels | None = None
+        self.transport: Transport = transport
+        self._kv: Kv = self._gateway_kv
+        if transport == "grpc":
+            self._channels = Channels(endpoints, timeout, security or EtcdSecurity(), self._evidence)
+            self._kv = GrpcKv(self._channels, page_size)
 
     @property
     def endpoint(self) -> str:
         """The endpoint requests go to now (the next one is tried when it fails)."""
-        return self._gateway.endpoint
+        return self._channels.endpoint if self._channels is not None else self._gateway.endpoint
 
     def reachability(self) -> Reachability:
         """What the last request said about etcd."""
-        return self._gateway.reachability()
+        return self._evidence.reachability()
 
     @property
     def tokens_issued(self) -> int:
         """Auth tokens obtained so far (with username/password: the first, and one per renewal)."""
-        return self._gateway.tokens_issued
+        return self._gateway.tokens_issued + (self._channels.tokens_issued if self._channels is not None else 0)
 
     def idle_for(self) -> float:
         """Seconds since etcd last answered anything."""
-        return self._gateway.idle_for()
+        return self._evidence.idle_for()
 
     async def __aenter__(self) -> EtcdClient:
         return self
@@ -72,74 +89,50 @@ class EtcdClient:
         await self.close()
 
     async def close(self) -> None:
-        """Close the HTTP session."""
+        """Close the gRPC channels and the HTTP session."""
+        if self._channels is not None:
+            await self._channels.close()
         await self._gateway.close()
 
     async def get(self, key: str) -> KeyValue | None:
         """One key, or None."""
-        reply = await self._gateway.post("/v3/kv/range", {"key": b64(key)})
-        kvs = reply.get("kvs") or []
-        return kv_of(kvs[0]) if kvs else None
+        return await self._kv.get(key)
 
     async def range_prefix(self, prefix: str, *, revision: int = 0) -> RangePage:
         """Every key under `prefix`, read in pages pinned to one revision (never one unbounded read)."""
-        page = RangePage()
-        start = b64(prefix)
-        end = b64_range_end(prefix)
-        while True:
-            body: dict[str, Any] = {"key": start, "range_end": end, "limit": str(self._page_size)}
-            if revision:
-                body["revision"] = str(revision)
-            reply = await self._gateway.post("/v3/kv/range", body)
-            if not revision:
-                revision = int(reply["header"]["revision"])
-                page.revision = revision
-            kvs = reply.get("kvs") or []
-            page.kvs.extend(kv_of(kv) for kv in kvs)
-            if not reply.get("more") or not kvs:
-                return page
-            start = base64.b64encode(base64.b64decode(kvs[-1]["key"]) + b"\x00").decode()
+        return await self._kv.range_prefix(prefix, revision=revision)
 
     async def txn(self, compares: Sequence[Compare], ops: Sequence[Op]) -> TxnResult:
         """Apply `ops` atomically if every compare holds."""
-        reply = await self._gateway.post("/v3/kv/txn", txn_body(compares, ops))
-        # The gateway omits `succeeded` when it is false.
-        return TxnResult(succeeded=bool(reply.get("succeeded", False)), revision=int(reply["header"]["revision"]))
+        return await self._kv.txn(compares, ops)
 
     async def put(self, key: str, value: str) -> int:
         """Unguarded put (tests, tools); returns the new revision."""
-        reply = await self._gateway.post("/v3/kv/put", {"key": b64(key), "value": b64(value)})
-        return int(reply["header"]["revision"])
+        return await self._kv.put(key, value)
 
     async def delete_prefix(self, prefix: str) -> int:
         """Unguarded delete of a prefix (tests, tools); returns the new revision."""
-        reply = await self._gateway.post("/v3/kv/deleterange", {"key": b64(prefix), "range_end": b64_range_end(prefix)})
-        return int(reply["header"]["revision"])
+        return await self._kv.delete_prefix(prefix)
 
     async def delete(self, key: str) -> int:
         """Unguarded delete of one key (tests, tools); returns the new revision."""
-        reply = await self._gateway.post("/v3/kv/deleterange", {"key": b64(key)})
-        return int(reply["header"]["revision"])
+        return await self._kv.delete(key)
 
     async def lease_grant(self, ttl: int) -> int:
         """A new lease of `ttl` seconds; returns its ID."""
-        reply = await self._gateway.post("/v3/lease/grant", {"TTL": str(ttl)})
-        return int(reply["ID"])
+        return await self._kv.lease_grant(ttl)
 
     async def lease_keepalive(self, lease: int) -> int:
         """Refresh a lease; returns its remaining TTL (0: it expired)."""
-        reply = await self._gateway.post("/v3/lease/keepalive", {"ID": str(lease)})
-        result = reply.get("result", reply)
-        return int(result.get("TTL", 0))
+        return await self._kv.lease_keepalive(lease)
 
     async def lease_revoke(self, lease: int) -> None:
         """Revoke a lease (its keys are deleted)."""
-        await self._gateway.post("/v3/lease/revoke", {"ID": str(lease)})
+        await self._kv.lease_revoke(lease)
 
     async def revision(self) -> int:
         """The current revision of the store."""
-        reply = await self._gateway.post("/v3/kv/range", {"key": b64("\x00"), "keys_only": True, "limit": "1"})
-        return int(reply["header"]["revision"])
+        return await self._kv.revision()
 
     async def probe_while_idle(self, every: float) -> None:
         """Ask etcd for its revision whenever it has been quiet for `every` seconds, forever.
@@ -171,7 +164,7 @@ class EtcdClient:
         url = gateway.endpoint + "/v3/watch"
         timeout = aiohttp.ClientTimeout(total=None, sock_read=idle_timeout, connect=gateway.timeout)
         if gateway.authenticated:
-            await self.revision()  # refreshes the token if it expired
+            await self._gateway_kv.revision()  # refreshes the gateway's token if it expired
         try:
             async with gateway.session().post(url, json=body, timeout=timeout, **gateway.request_kwargs()) as resp:
                 if resp.status != 200:

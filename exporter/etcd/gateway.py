@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import ssl
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,6 +16,7 @@ import aiohttp
 import orjson
 
 from ..errors import EtcdError
+from .reach import Evidence
 
 
 @dataclass(frozen=True)
@@ -40,23 +40,16 @@ class EtcdSecurity:
         return context
 
 
-@dataclass(frozen=True)
-class Reachability:
-    """Whether etcd answered the last request (None: not asked yet), the failure if not, and since when (monotonic)."""
-
-    reachable: bool | None
-    error: str | None
-    since: float
-
-
 class Gateway:
     """Requests to the first gateway endpoint that answers, with a token when etcd wants one.
 
-    Every request, watch line or failure updates `reachability()`: the evidence readiness
-    uses, also when nothing is being written.
+    Every request, watch line or failure updates `evidence`, shared with the other transport.
     """
 
-    def __init__(self, endpoints: Sequence[str], timeout: float = 5.0, security: EtcdSecurity | None = None) -> None:
+    def __init__(
+        self, endpoints: Sequence[str], timeout: float = 5.0, security: EtcdSecurity | None = None,
+        evidence: Evidence | None = None,
+    ) -> None:
         self._endpoints = list(endpoints)
         self._current = 0
         self.timeout = timeout
@@ -66,8 +59,7 @@ class Gateway:
         self._token: str | None = None
         # Auth tokens obtained so far (each authentication, first or renewal, adds one).
         self.tokens_issued = 0
-        self._reachability = Reachability(None, None, time.monotonic())
-        self._last_answer = 0.0
+        self.evidence = evidence or Evidence()
 
     @property
     def endpoint(self) -> str:
@@ -83,26 +75,13 @@ class Gateway:
         """Send the next requests to the next endpoint (this one failed)."""
         self._current = (self._current + 1) % len(self._endpoints)
 
-    def reachability(self) -> Reachability:
-        """What the last request said about etcd."""
-        return self._reachability
-
-    def idle_for(self) -> float:
-        """Seconds since etcd last answered anything."""
-        return time.monotonic() - self._last_answer
-
     def answered(self) -> None:
         """etcd answered (a reply or a watch line)."""
-        self._last_answer = time.monotonic()
-        if self._reachability.reachable is not True:
-            self._reachability = Reachability(True, None, self._last_answer)
+        self.evidence.answered()
 
     def failed(self, error: EtcdError) -> EtcdError:
         """etcd could not be reached: recorded, and returned to raise."""
-        if self._reachability.reachable is not False or self._reachability.error != error.title:
-            since = self._reachability.since if self._reachability.reachable is False else time.monotonic()
-            self._reachability = Reachability(False, error.title, since)
-        return error
+        return self.evidence.failed(error)
 
     def session(self) -> aiohttp.ClientSession:
         """The kept HTTP session (made again after `close`)."""

@@ -25,15 +25,20 @@ def unb64(data: str | None) -> str:
     return base64.b64decode(data).decode() if data else ""
 
 
-def b64_range_end(prefix: str) -> str:
-    """The base64 `range_end` that selects every key under `prefix`."""
+def range_end(prefix: str) -> bytes:
+    """The `range_end` that selects every key under `prefix`."""
     raw = bytearray(prefix.encode())
     while raw:
         if raw[-1] < 0xFF:
             raw[-1] += 1
-            return base64.b64encode(bytes(raw)).decode()
+            return bytes(raw)
         raw.pop()
-    return base64.b64encode(b"\x00").decode()
+    return b"\x00"
+
+
+def b64_range_end(prefix: str) -> str:
+    """The base64 `range_end` that selects every key under `prefix`."""
+    return base64.b64encode(range_end(prefix)).decode()
 
 
 class KeyValue(NamedTuple):

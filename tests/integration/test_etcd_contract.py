@@ -1,7 +1,8 @@
-"""The in-memory etcd the unit tests run on, held to a real one: every case runs on both.
+"""The in-memory etcd the unit tests run on, held to a real one: every case runs on each side.
 
 The real side is an etcd of its own, started for this module with etcd's default limits (the
-fake's defaults), so that revisions move only by what a case writes.
+fake's defaults), so that revisions move only by what a case writes; the client speaks to it over
+each transport (gRPC, the default, and the JSON gateway).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from tests.fake_etcd import FakeEtcd
 from tests.helpers import uid
 
 # The fake runs as a unit test; the real etcd makes it an integration test.
-SIDES = ["fake", pytest.param("real", marks=pytest.mark.integration)]
+SIDES = ["fake", *(pytest.param(t, marks=pytest.mark.integration) for t in ("grpc", "gateway"))]
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +37,7 @@ async def store(request: pytest.FixtureRequest) -> AsyncIterator[EtcdStore]:
     if request.param == "fake":
         yield FakeEtcd()
         return
-    client = EtcdClient([request.getfixturevalue("own_etcd").url])
+    client = EtcdClient([request.getfixturevalue("own_etcd").url], transport=request.param)
     yield client
     await client.close()
 
