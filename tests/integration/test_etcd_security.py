@@ -121,8 +121,9 @@ def settings(etcd: SecureEtcd, **etcd_overrides: object) -> Settings:
     return Settings.model_validate({"etcd": section, "records_prefix": f"{uid('sec')}/records", "writer": {"coalesce_window": 0.01}})
 
 
-async def test_the_daemon_works_through_tls_and_auth_and_survives_token_expiry(secure_etcd: SecureEtcd) -> None:
-    s = settings(secure_etcd)
+@pytest.mark.parametrize("transport", ["grpc", "gateway"])
+async def test_the_daemon_works_through_tls_and_auth_and_survives_token_expiry(secure_etcd: SecureEtcd, transport: str) -> None:
+    s = settings(secure_etcd, transport=transport)
     async with etcd_client(s) as client:
         rec = build_reconciler(s, client)
         await rec.start()
