@@ -7,9 +7,11 @@
 2. Upserts per second from 50 concurrent clients on kept connections, each pushing one ingress
    per request (new revisions of 1,000 ingresses in place), against the same 50 clients sending
    bare one-ingress transactions straight to etcd's gateway (the ingress's keys, its record and
-   a beacon: what the exporter would write for it alone), with the CPU seconds of the daemon,
-   etcd and the clients in each. The two sides take turns, one revision of every ingress at a
-   time, so the machine's drift hits both alike. Target: >= 1.0x the bare writer. `--against DIR`
+   a beacon: what the exporter would write for it alone), and the same transactions sent over
+   etcd's gRPC API (`grpc.aio`, one channel, requests serialized beforehand), with the CPU
+   seconds of the daemon, etcd and the clients in each. The sides take turns, one revision of
+   every ingress at a time, so the machine's drift hits all alike. Targets: >= 1.2x the bare
+   gateway writer and >= 0.85x the bare gRPC writer; etcd CPU per pushed ingress. `--against DIR`
    adds the daemon of another checkout (a worktree of an earlier commit) to the same slices: a
    before/after comparison at the same moments, on a machine whose speed moves between runs.
    `--only floor`: the same runs, alternated, with the exporter replaced by bench/floor_server.py,
@@ -38,6 +40,8 @@ from pathlib import Path
 from typing import TypeVar
 
 import aiohttp
+import grpc
+import grpc.aio
 
 from bench.common import (
     RECORDS,
@@ -55,6 +59,7 @@ from bench.floor_server import WORK
 from bench.harness import HEADERS, arguments, median, pct, start_daemon, wait_up
 from exporter.embedded import free_port, start_traefik
 from exporter.etcd.client import EtcdClient
+from exporter.etcd.proto import rpc_pb2
 from exporter.etcd.types import Op, txn_body
 from exporter.keys import KeyLayout
 from exporter.store.records import Record
@@ -201,9 +206,39 @@ def _bare_bodies(rounds: list[list[Record]]) -> list[list[bytes]]:
     ]
 
 
+def _grpc_bodies(rounds: list[list[Record]]) -> list[list[bytes]]:
+    """The transactions of `_bare_bodies`, as serialized gRPC `TxnRequest`s."""
+    layout = KeyLayout(ROOT_KEY, RECORDS)
+    beacon = layout.beacon_key(layout.root("bench"))
+
+    def txn(puts: list[tuple[str, str]]) -> bytes:
+        ops = [rpc_pb2.RequestOp(request_put=rpc_pb2.PutRequest(key=k.encode(), value=v.encode())) for k, v in puts]
+        return rpc_pb2.TxnRequest(success=ops).SerializeToString()
+
+    return [[txn([*keys, (beacon, f"bare {n}.{i}")]) for i, keys in enumerate(ingress_keys(batch))] for n, batch in enumerate(rounds)]
+
+
+def _grpc_sender(channel: grpc.aio.Channel) -> Callable[[bytes], Awaitable[None]]:
+    """Sends one serialized `TxnRequest` over `channel`."""
+    txn = channel.unary_unary("/etcdserverpb.KV/Txn", request_serializer=bytes, response_deserializer=rpc_pb2.TxnResponse.FromString)
+
+    async def send(body: bytes) -> None:
+        await txn(body, timeout=30)
+
+    return send
+
+
+@dataclass
+class Bare:
+    """The two bare writers of one run: over the JSON gateway and over gRPC."""
+
+    gateway: Throughput
+    grpc: Throughput
+
+
 async def throughput(
     in_place: int = 1000, slices: int = 6, clients: int = 50, servers: tuple[Server, ...] = (start_daemon,)
-) -> tuple[list[Throughput], Throughput]:
+) -> tuple[list[Throughput], Bare]:
     """Each of `servers` (the exporter unless told) and the bare writer from the same `clients` clients, in interleaved slices.
 
     A server: single-ingress upserts of the ingresses in place, each server on an etcd of its
@@ -214,15 +249,19 @@ async def throughput(
     within seconds) hits every side alike and the ratios are same-moment ones.
     """
     rounds = _changes(in_place, slices)
-    bare_bodies = _bare_bodies(rounds)
-    tallies, bare = [_Tally() for _ in servers], _Tally()
+    bare_bodies, grpc_bodies = _bare_bodies(rounds), _grpc_bodies(rounds)
+    tallies, bare, bare_grpc = [_Tally() for _ in servers], _Tally(), _Tally()
     with contextlib.ExitStack() as stack:
         tmp = Path(stack.enter_context(tempfile.TemporaryDirectory()))
-        bare_etcd = stack.enter_context(fresh_etcd())
+        bare_etcd, grpc_etcd = stack.enter_context(fresh_etcd()), stack.enter_context(fresh_etcd())
         etcds = [stack.enter_context(fresh_etcd()) for _ in servers]
         started = [_started(stack, server, etcd.url, tmp / str(k)) for k, (server, etcd) in enumerate(zip(servers, etcds, strict=True))]
-        await raw_write(bare_etcd.url, exporter_keys(make_records(in_place)), 8)
+        for etcd in (bare_etcd, grpc_etcd):
+            await raw_write(etcd.url, exporter_keys(make_records(in_place)), 8)
         async with contextlib.AsyncExitStack() as sessions:
+            channel = grpc.aio.insecure_channel(grpc_etcd.url.removeprefix("http://"))
+            sessions.push_async_callback(channel.close)
+            send_grpc = _grpc_sender(channel)
             session = await sessions.enter_async_context(aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=clients)))
             bare_session = await sessions.enter_async_context(aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=clients)))
             for _proc, base in started:
@@ -240,10 +279,11 @@ async def throughput(
                     for tally, (proc, base), etcd in zip(tallies, started, etcds, strict=True)
                 ]
                 sides.append(bare.slice(clients, bare_bodies[n], send_bare, None, bare_etcd.proc.pid))
+                sides.append(bare_grpc.slice(clients, grpc_bodies[n], send_grpc, None, grpc_etcd.proc.pid))
                 first = n % len(sides)
                 for side in sides[first:] + sides[:first]:
                     await side
-    return [t.result() for t in tallies], bare.result()
+    return [t.result() for t in tallies], Bare(bare.result(), bare_grpc.result())
 
 
 def _pusher(session: aiohttp.ClientSession, base: str) -> Callable[[Record], Awaitable[None]]:
@@ -278,20 +318,33 @@ def checkout(path: Path) -> Server:
 
 
 async def report_throughput(runs: int, against: Path | None) -> None:
-    """The exporter (and the daemon of the checkout `against`, in the same slices) against the bare writer: each run, medians."""
+    """The exporter (and the daemon of the checkout `against`, in the same slices) against both bare writers: each run, medians."""
     servers = (start_daemon,) if against is None else (start_daemon, checkout(against))
     results = [await throughput(servers=servers) for _ in range(runs)]
+
+    def us(side: Throughput, cpu: float) -> str:
+        return f"{cpu / side.requests * 1e6:.0f} us"
+
     for (ours, *other), bare in results:
-        print(f"  run: exporter {ours.rate:.0f}/s (p99 {ours.p99 * 1000:.0f} ms; CPU daemon {ours.daemon_cpu:.1f}s, etcd "
-              f"{ours.etcd_cpu:.1f}s, clients {ours.clients_cpu:.1f}s), bare {bare.rate:.0f}/s (p99 {bare.p99 * 1000:.0f} ms; "
-              f"CPU etcd {bare.etcd_cpu:.1f}s, clients {bare.clients_cpu:.1f}s): {ours.rate / bare.rate:.2f}x"
-              + "".join(f"; {against}: {o.rate:.0f}/s, {o.rate / bare.rate:.2f}x, daemon CPU {o.daemon_cpu:.1f}s" for o in other))
-    ratios = [ours.rate / bare.rate for (ours, *_), bare in results]
+        print(f"  run: exporter {ours.rate:.0f}/s (p99 {ours.p99 * 1000:.0f} ms; CPU per ingress daemon {us(ours, ours.daemon_cpu)}, "
+              f"etcd {us(ours, ours.etcd_cpu)}); bare gateway {bare.gateway.rate:.0f}/s (etcd {us(bare.gateway, bare.gateway.etcd_cpu)}, "
+              f"clients {us(bare.gateway, bare.gateway.clients_cpu)}): {ours.rate / bare.gateway.rate:.2f}x; bare gRPC "
+              f"{bare.grpc.rate:.0f}/s (etcd {us(bare.grpc, bare.grpc.etcd_cpu)}, clients {us(bare.grpc, bare.grpc.clients_cpu)}): "
+              f"{ours.rate / bare.grpc.rate:.2f}x"
+              + "".join(f"; {against}: {o.rate:.0f}/s, {o.rate / bare.gateway.rate:.2f}x the gateway writer, daemon "
+                        f"{us(o, o.daemon_cpu)}, etcd {us(o, o.etcd_cpu)} per ingress" for o in other))
+    gateway = [ours.rate / bare.gateway.rate for (ours, *_), bare in results]
+    grpc_ratio = [ours.rate / bare.grpc.rate for (ours, *_), bare in results]
     print(f"50 concurrent clients, one ingress per request, 1,000 in place: exporter {median([r[0][0].rate for r in results]):.0f} "
-          f"upserts/s, bare one-ingress txns {median([b.rate for _, b in results]):.0f}/s: {median(ratios):.2f}x "
-          f"(target >= 1.0, each run >= 0.8: min {min(ratios):.2f}); exporter p99 {median([r[0][0].p99 for r in results]) * 1000:.0f} ms")
+          f"upserts/s, p99 {median([r[0][0].p99 for r in results]) * 1000:.0f} ms; against the bare gateway writer "
+          f"({median([b.gateway.rate for _, b in results]):.0f}/s) {median(gateway):.2f}x (target >= 1.2), against the bare gRPC "
+          f"writer ({median([b.grpc.rate for _, b in results]):.0f}/s) {median(grpc_ratio):.2f}x (target >= 0.85); etcd CPU per "
+          f"pushed ingress {median([r[0][0].etcd_cpu / r[0][0].requests for r in results]) * 1e6:.0f} us")
     if against is not None:
-        print(f"  {against}: {median([o.rate / b.rate for (_, o), b in results]):.2f}x (the same runs)")
+        etcd_before = median([o.etcd_cpu / o.requests for (_, o), _b in results])
+        etcd_now = median([ours.etcd_cpu / ours.requests for (ours, _), _b in results])
+        print(f"  {against}: {median([o.rate / b.gateway.rate for (_, o), b in results]):.2f}x the gateway writer; etcd CPU per "
+              f"pushed ingress {etcd_before * 1e6:.0f} us, now {etcd_now / etcd_before:.2f}x that (target <= 0.5)")
 
 
 async def floor(runs: int) -> None:
@@ -300,7 +353,8 @@ async def floor(runs: int) -> None:
     measured: dict[str, list[tuple[Throughput, Throughput]]] = {name: [] for name in servers}
     for _ in range(runs):
         for name, server in servers.items():
-            (ours,), bare = await throughput(servers=(server,))
+            (ours,), both = await throughput(servers=(server,))
+            bare = both.gateway
             measured[name].append((ours, bare))
             print(f"  run: {name} {ours.rate:.0f}/s, bare {bare.rate:.0f}/s: {ours.rate / bare.rate:.2f}x", flush=True)
 

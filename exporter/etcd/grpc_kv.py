@@ -12,9 +12,8 @@ from collections.abc import Sequence
 from .channel import Channels
 from .proto import kv_pb2, rpc_pb2
 from .types import Compare, KeyValue, Op, RangePage, TxnResult, range_end
+from .wire import txn_request
 
-_RESULT = {"EQUAL": rpc_pb2.Compare.EQUAL, "GREATER": rpc_pb2.Compare.GREATER, "LESS": rpc_pb2.Compare.LESS,
-           "NOT_EQUAL": rpc_pb2.Compare.NOT_EQUAL}
 _RANGE = "/etcdserverpb.KV/Range"
 
 
@@ -45,8 +44,9 @@ class GrpcKv:
 
     async def txn(self, compares: Sequence[Compare], ops: Sequence[Op]) -> TxnResult:
         """Apply `ops` atomically if every compare holds (sent once: never to a second endpoint)."""
-        request = rpc_pb2.TxnRequest(compare=[_compare(c) for c in compares], success=[_op(o) for o in ops])
-        reply = await self.channels.call("/etcdserverpb.KV/Txn", request, rpc_pb2.TxnResponse.FromString, unsafe=True)
+        reply = await self.channels.call(
+            "/etcdserverpb.KV/Txn", txn_request(compares, ops), rpc_pb2.TxnResponse.FromString, unsafe=True, serialize=bytes,
+        )
         return TxnResult(succeeded=reply.succeeded, revision=reply.header.revision)
 
     async def put(self, key: str, value: str) -> int:
@@ -101,18 +101,3 @@ class GrpcKv:
 
 def _kv(kv: kv_pb2.KeyValue) -> KeyValue:
     return KeyValue(kv.key.decode(), kv.value.decode(), kv.mod_revision, kv.create_revision)
-
-
-def _compare(c: Compare) -> rpc_pb2.Compare:
-    end = range_end(c.key) if c.prefix else b""
-    if c.target == "MOD":
-        return rpc_pb2.Compare(key=c.key.encode(), range_end=end, target=rpc_pb2.Compare.MOD, result=_RESULT[c.result],
-                               mod_revision=c.mod_revision)
-    return rpc_pb2.Compare(key=c.key.encode(), range_end=end, target=rpc_pb2.Compare.CREATE, result=_RESULT[c.result],
-                           create_revision=c.mod_revision)
-
-
-def _op(o: Op) -> rpc_pb2.RequestOp:
-    if o.value is None:
-        return rpc_pb2.RequestOp(request_delete_range=rpc_pb2.DeleteRangeRequest(key=o.key.encode()))
-    return rpc_pb2.RequestOp(request_put=rpc_pb2.PutRequest(key=o.key.encode(), value=o.value.encode(), lease=o.lease))
