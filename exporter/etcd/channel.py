@@ -7,9 +7,10 @@ shaped like the gateway's, so callers cannot tell the transports apart.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import asyncio
+from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 from urllib.parse import urlsplit
 
 import grpc
@@ -54,6 +55,11 @@ class Channels:
         self._channels: dict[int, grpc.aio.Channel] = {}
         self._token: str | None = None
         self.tokens_issued = 0
+
+    @property
+    def authenticated(self) -> bool:
+        """True when calls carry a token for a username."""
+        return bool(self._security.username)
 
     @property
     def endpoint(self) -> str:
@@ -133,6 +139,42 @@ class Channels:
                 attempt += 1
         assert last is not None
         raise self._evidence.failed(last)
+
+    async def stream(self, method: str, request: Any, decode: Callable[[bytes], Reply], idle_timeout: float) -> AsyncIterator[Reply]:
+        """The replies of a long-lived bidirectional stream opened with `request` (a watch).
+
+        Raises EtcdError when the stream breaks (the next endpoint is tried next time) or stays
+        silent longer than `idle_timeout` (after an etcd restart a stream can block forever).
+        """
+        if self._security.username and self._token is None:
+            await self._authenticate()
+        endpoint = self.endpoint
+        call = self._channel().stream_stream(method, request_serializer=_serialize, response_deserializer=decode)(
+            metadata=self._metadata(),
+        )
+        try:
+            await call.write(request)
+            while True:
+                try:
+                    reply = await asyncio.wait_for(call.read(), idle_timeout)
+                except TimeoutError:
+                    # Silence past the idle timeout says nothing about etcd; a broken stream does.
+                    raise EtcdError(f"{method} on {endpoint} stayed silent for {idle_timeout:g}s", unavailable=True) from None
+                if reply is grpc.aio.EOF:
+                    raise self._evidence.failed(EtcdError(f"{method} on {endpoint} ended", unavailable=True))
+                self._evidence.answered()
+                yield cast(Reply, reply)  # what `decode` made of it
+        except grpc.aio.AioRpcError as exc:
+            code, details = exc.code(), exc.details() or ""
+            if code == grpc.StatusCode.UNAUTHENTICATED:
+                self._token = None  # the next stream authenticates again
+            if not _connection_failure(code, details):
+                raise EtcdError(f"etcd answered HTTP {_HTTP_STATUS.get(code, 500)}: {details}"[:400],
+                                status=_HTTP_STATUS.get(code, 500)) from None
+            self._current = (self._current + 1) % len(self._endpoints)
+            raise self._evidence.failed(_unreachable(endpoint, details)) from None
+        finally:
+            call.cancel()
 
     def _metadata(self) -> tuple[tuple[str, str], ...]:
         return (("token", self._token),) if self._token is not None else ()

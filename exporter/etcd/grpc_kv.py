@@ -7,14 +7,16 @@ transaction (docs/writer.md, "Talking to etcd").
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 
+from ..errors import WatchCanceled
 from .channel import Channels
 from .proto import kv_pb2, rpc_pb2
-from .types import Compare, KeyValue, Op, RangePage, TxnResult, range_end
+from .types import Compare, KeyValue, Op, RangePage, TxnResult, WatchEvent, range_end
 from .wire import txn_request
 
 _RANGE = "/etcdserverpb.KV/Range"
+_WATCH = "/etcdserverpb.Watch/Watch"
 
 
 class GrpcKv:
@@ -88,6 +90,25 @@ class GrpcKv:
         """The current revision of the store."""
         reply = await self._range(rpc_pb2.RangeRequest(key=b"\x00", keys_only=True, limit=1))
         return reply.header.revision
+
+    async def watch_prefix(self, prefix: str, start_revision: int, idle_timeout: float) -> AsyncIterator[list[WatchEvent]]:
+        """Yield batches of events under `prefix` from `start_revision` on.
+
+        Raises WatchCanceled when etcd cancels (compaction), EtcdError when the stream breaks or
+        stays silent longer than `idle_timeout`. Progress notifications keep a healthy idle
+        stream alive. An event is decoded only when its key or value is read.
+        """
+        if self.channels.authenticated:
+            await self.revision()  # renews the token if it expired
+        create = rpc_pb2.WatchCreateRequest(key=prefix.encode(), range_end=range_end(prefix), start_revision=start_revision,
+                                            progress_notify=True)
+        responses = self.channels.stream(_WATCH, rpc_pb2.WatchRequest(create_request=create), rpc_pb2.WatchResponse.FromString,
+                                         idle_timeout)
+        async for response in responses:
+            if response.canceled:
+                raise WatchCanceled(response.cancel_reason or "watch canceled", response.compact_revision)
+            if response.events:
+                yield [WatchEvent(event, event.kv.mod_revision) for event in response.events]
 
     async def _range(self, request: rpc_pb2.RangeRequest) -> rpc_pb2.RangeResponse:
         return await self.channels.call(_RANGE, request, rpc_pb2.RangeResponse.FromString)

@@ -14,6 +14,8 @@ from typing import Any, Literal, NamedTuple
 
 import orjson
 
+from .proto import kv_pb2
+
 
 def b64(data: str) -> str:
     """`data` as the gateway carries it."""
@@ -118,13 +120,17 @@ class WatchLine:
 
 
 class WatchEvent:
-    """One key change seen by a watch; decoded only when its key, value or kind is asked for."""
+    """One key change seen by a watch; decoded only when its key, value or kind is asked for.
+
+    Its source: a gateway message and the event's index in it, an event of a gRPC watch
+    response (protobuf decodes a field when it is read), or a decoded event (tests, tools).
+    """
 
     __slots__ = ("_source", "mod_revision")
 
-    def __init__(self, kv: dict[str, Any] | tuple[WatchLine, int], mod_revision: int, deleted: bool = False) -> None:
-        # `kv` is the decoded event (`{"kv": ..., "type": ...}` shape built here) or (line, index).
-        self._source: dict[str, Any] | tuple[WatchLine, int] = (
+    def __init__(self, kv: dict[str, Any] | tuple[WatchLine, int] | kv_pb2.Event, mod_revision: int, deleted: bool = False) -> None:
+        # A dict is the decoded kv (`{"kv": ..., "type": ...}` shape built here).
+        self._source: dict[str, Any] | tuple[WatchLine, int] | kv_pb2.Event = (
             {"kv": kv, "type": "DELETE" if deleted else "PUT"} if isinstance(kv, dict) else kv
         )
         self.mod_revision = mod_revision
@@ -139,22 +145,29 @@ class WatchEvent:
         source = self._source
         if isinstance(source, dict):
             return source
+        assert isinstance(source, tuple)
         line, index = source
         return line.event(index)
 
     @property
     def deleted(self) -> bool:
         """True for a delete."""
+        if isinstance(self._source, kv_pb2.Event):
+            return self._source.type == kv_pb2.Event.DELETE
         return bool(self._event().get("type") == "DELETE")
 
     @property
     def key(self) -> str:
         """The key that changed."""
+        if isinstance(self._source, kv_pb2.Event):
+            return self._source.kv.key.decode()
         return unb64(self._event()["kv"]["key"])
 
     @property
     def value(self) -> str | None:
         """The new value, or None for a delete."""
+        if isinstance(self._source, kv_pb2.Event):
+            return None if self._source.type == kv_pb2.Event.DELETE else self._source.kv.value.decode()
         event = self._event()
         return None if event.get("type") == "DELETE" else unb64(event["kv"].get("value"))
 
