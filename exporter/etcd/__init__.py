@@ -1,4 +1,4 @@
-"""etcd: the `EtcdStore` protocol the components use, its value types, and the gateway client."""
+"""etcd: the `EtcdStore` protocol the components use, its value types, and the client (gRPC or the JSON gateway)."""
 
 from ..errors import EtcdError, WatchCanceled
 from .client import EtcdClient

@@ -4,8 +4,8 @@ A transaction made only of compares writes nothing and creates no revision, and 
 `--max-txn-ops` against its compares too (etcd 3.5): probing with such transactions finds the
 operation limit without touching anything. Such a transaction is read-only, so it never meets
 `--max-request-bytes` (a raft proposal's bound) but does meet the gRPC message bound etcd derives
-from it (`--max-request-bytes` + 512 KiB), which the gateway's error names: `grpc: received
-message larger than max (<sent> vs. <max>)`. docs/operations.md has the limits to set for large
+from it (`--max-request-bytes` + 512 KiB), which etcd's error names: `grpc: received
+message larger than max (<sent> vs. <max>)` (over either transport). docs/operations.md has the limits to set for large
 roots, and what they cost.
 """
 

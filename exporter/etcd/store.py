@@ -1,6 +1,6 @@
 """`EtcdStore`: what the exporter's components need from etcd, and nothing more.
 
-The gateway client (`client.EtcdClient`) implements it against a real etcd; the tests'
+The client (`client.EtcdClient`, over gRPC or the JSON gateway) implements it against a real etcd; the tests'
 in-memory fake implements it with revisions, compares, leases and watches, so the
 reconciler's decisions can be tested fast and deterministically.
 """
