@@ -32,8 +32,15 @@ _HTTP_STATUS = {
     grpc.StatusCode.UNIMPLEMENTED: 501, grpc.StatusCode.INTERNAL: 500, grpc.StatusCode.UNAVAILABLE: 503,
     grpc.StatusCode.DATA_LOSS: 500,
 }
-# Without a bound on what etcd sends back, a range page of large values would fail at 4 MiB.
-_OPTIONS: list[tuple[str, str | int]] = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)]
+_OPTIONS: list[tuple[str, str | int]] = [
+    # Without a bound on what etcd sends back, a range page of large values would fail at 4 MiB.
+    ("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1),
+    # gRPC's reconnect backoff grows to 120 s by default: an etcd back after a long outage would
+    # wait that long for the exporter. Capped at 2 s, writes resume within ~2 s of its return.
+    ("grpc.initial_reconnect_backoff_ms", 100), ("grpc.min_reconnect_backoff_ms", 100), ("grpc.max_reconnect_backoff_ms", 2000),
+    # A dead connection under an idle watch is found by pings (etcd's --grpc-keepalive-min-time is 5 s).
+    ("grpc.keepalive_time_ms", 30_000), ("grpc.keepalive_timeout_ms", 10_000),
+]
 
 
 class Channels:
@@ -130,7 +137,9 @@ class Channels:
                 if not _connection_failure(code, details):
                     error = EtcdError(f"etcd answered HTTP {_HTTP_STATUS.get(code, 500)}: {details}"[:400],
                                       status=_HTTP_STATUS.get(code, 500))
-                    self._evidence.answered() if code != grpc.StatusCode.UNAVAILABLE else self._evidence.failed(error)
+                    if code == grpc.StatusCode.UNAVAILABLE:
+                        raise self._evidence.failed(error) from None  # no leader, or a member stopping
+                    self._evidence.answered()
                     raise error from None
                 last = _unreachable(self.endpoint, details)
                 if unsafe and not _never_sent(code, details):
