@@ -53,15 +53,12 @@ class EtcdClient:
 
     def __init__(
         self, endpoints: Sequence[str], timeout: float = 5.0, page_size: int = 5000, security: EtcdSecurity | None = None,
-        transport: Transport = "grpc", watch: Transport | None = None,
+        transport: Transport = "grpc",
     ) -> None:
         self._evidence = Evidence()
         self._gateway = Gateway(endpoints, timeout, security, self._evidence)
         self._gateway_kv = GatewayKv(self._gateway, page_size)
         self._channels: Channels | None = None
-        self.transport: Transport = transport
-        # Watches over gRPC too unless told (`watch`); the gateway's without a gRPC transport.
-        self.watch_transport: Transport = watch or transport
         self._kv: Kv = self._gateway_kv
         if transport == "grpc":
             self._channels = Channels(endpoints, timeout, security or EtcdSecurity(), self._evidence)
@@ -149,13 +146,13 @@ class EtcdClient:
                     await self.revision()
 
     def watch_prefix(self, prefix: str, start_revision: int, idle_timeout: float) -> AsyncIterator[list[WatchEvent]]:
-        """Yield batches of events under `prefix` from `start_revision` on, over the watch transport.
+        """Yield batches of events under `prefix` from `start_revision` on, over the client's transport.
 
         Raises WatchCanceled when etcd cancels (compaction), EtcdError when the stream breaks or
         stays silent longer than `idle_timeout` (after an etcd restart a stream can block forever).
         Progress notifications keep a healthy idle stream alive.
         """
-        if self.watch_transport == "grpc" and isinstance(self._kv, GrpcKv):
+        if isinstance(self._kv, GrpcKv):
             return self._kv.watch_prefix(prefix, start_revision, idle_timeout)
         return self._gateway_watch(prefix, start_revision, idle_timeout)
 
