@@ -58,16 +58,19 @@ RAISED_BY = {
     "requests through Traefik to a failing server": {"PassiveEjections"},
     "pushes with a wrong token, and a bad push": {"ExporterPushesUnauthorized"},
     "a health-checked server goes down": {"UpstreamsEjected"},
-    # An idle daemon's outage shows as not ready; the push refused meanwhile counts as an etcd error;
-    # once the leader's lease has lapsed (leader.ttl) nobody leads.
-    "etcd stopped for a while": {"ExporterNotReady", "ExporterEtcdErrors", "ExporterNoLeader"},
+    # An idle daemon's outage shows as not ready (a push meanwhile is refused before anything is
+    # sent, so no etcd request fails: ExporterEtcdErrors is for failing writes); once the
+    # leader's lease has lapsed (leader.ttl) nobody leads.
+    "etcd stopped for a while": {"ExporterNotReady", "ExporterNoLeader"},
 }
 # Panels that may stay 0 through this scenario (they still return data): what lights them is
 # another scenario, each with its own test on the real thing: a frozen Traefik, a burst behind a
-# slow Traefik, someone editing owned keys, Redis refusing writes, a crash. Traefik's lag shows only
-# if a scrape lands within the ~0.1 s Traefik takes to apply a commit.
+# slow Traefik, someone editing owned keys, Redis refusing writes, a crash, etcd failing a write
+# (an idle daemon's outage fails none). Traefik's lag shows only if a scrape lands within the
+# ~0.1 s Traefik takes to apply a commit.
 MAY_STAY_ZERO = {
     "Blocking keys", "Paced ingresses", "Drift repairs", "Discovery write errors", "Task crashes", "Traefik lag",
+    "etcd errors",
 }
 
 
@@ -336,6 +339,7 @@ async def test_every_panel_returns_data_and_the_scenario_raises_its_alerts_and_n
     await steps.begin("etcd stopped for a while")
     # In a thread: the daemon shares this event loop, and a blocked loop would delay its probes.
     await asyncio.to_thread(world.etcd.stop)
+    await eventually(lambda: _not_ready(http, f"http://{daemon.settings.control.listen}"), timeout=30)
     refused = {"ingresses": [{"authority": AUTHORITY, "id": uid(), "revision": 1, "hosts": [f"{uid()}.test"],
                               "upstream": {"servers": [{"url": steady.url}]}}]}
     async with http.post(f"{api}/upsert", json=refused, headers=auth) as resp:
@@ -357,6 +361,11 @@ async def test_every_panel_returns_data_and_the_scenario_raises_its_alerts_and_n
         step=str(RESOLUTION)))["result"]}
     print("\nalert -> the step that raised it:\n" + "\n".join(f"  {a}: {s}" for a, s in sorted(raised_at.items())))
     assert raised_at == {alert: step for step, alerts in RAISED_BY.items() for alert in alerts}
+
+
+async def _not_ready(http: aiohttp.ClientSession, control: str) -> bool:
+    async with http.get(f"{control}/readyz") as resp:
+        return resp.status == 503
 
 
 async def _notified(world: World, url: str) -> bool:
