@@ -3,9 +3,8 @@
 Python has no complete asyncio etcd client (docs/writer.md, "Talking to etcd"), so the daemon
 speaks etcd's API itself: `GrpcKv` on etcd's gRPC services through `grpc.aio` with messages
 generated from etcd's protobuf files (`proto/`), or `GatewayKv` on the v3 JSON gateway over aiohttp
-(`etcd.transport: gateway`). Watches take the same transport (over gRPC a watch costs etcd and the
-daemon together a third of the gateway's CPU per event); either decodes an event only when it is
-looked into. Both transports share one `Evidence` of reachability and one endpoint list.
+(`etcd.transport: gateway`). Watches use the gateway, whose messages are decoded only when looked
+into (docs/writer.md says why the gRPC watch waits). Both transports share one `Evidence` of reachability and one endpoint list.
 """
 
 from __future__ import annotations
