@@ -18,7 +18,11 @@ from dataclasses import dataclass
 
 from bench.common import RECORDS, exporter_keys, fresh_etcd, make_records, raw_write
 from bench.harness import arguments, cpu_seconds, median
+from exporter.etcd.channel import Channels
 from exporter.etcd.client import EtcdClient, Transport
+from exporter.etcd.gateway import EtcdSecurity
+from exporter.etcd.grpc_kv import GrpcKv
+from exporter.etcd.reach import Evidence
 
 
 @dataclass
@@ -39,14 +43,19 @@ class Replay:
 async def replay(url: str, pid: int, transport: Transport, last: int) -> Replay:
     """Watch the whole history from revision 1 until the event of revision `last` is seen."""
     events = 0
-    async with EtcdClient([url], transport=transport) as client:
+    async with EtcdClient([url], transport="gateway") as client:
+        channels = Channels([url], 60.0, EtcdSecurity(), Evidence())
+        # The client's watch is the gateway's; the gRPC one is GrpcKv's, measured here before it is used.
+        watch = GrpcKv(channels, 5000).watch_prefix if transport == "grpc" else client.watch_prefix
         before = cpu_seconds(pid), time.process_time(), time.perf_counter()
-        async for batch in client.watch_prefix("", 1, idle_timeout=60):
+        async for batch in watch("", 1, 60):
             events += len(batch)
             if batch[-1].mod_revision >= last:
                 break
-        return Replay(transport, events, time.perf_counter() - before[2], cpu_seconds(pid) - before[0],
-                      time.process_time() - before[1])
+        spent = Replay(transport, events, time.perf_counter() - before[2], cpu_seconds(pid) - before[0],
+                       time.process_time() - before[1])
+        await channels.close()
+        return spent
 
 
 async def main() -> None:

@@ -135,8 +135,7 @@ class Channels:
                     reauthenticated, self._token = True, None  # expired or etcd restarted: a new token, once
                     continue
                 if not _connection_failure(code, details):
-                    error = EtcdError(f"etcd answered HTTP {_HTTP_STATUS.get(code, 500)}: {details}"[:400],
-                                      status=_HTTP_STATUS.get(code, 500))
+                    error = _answered(code, details)
                     if code == grpc.StatusCode.UNAVAILABLE:
                         raise self._evidence.failed(error) from None  # no leader, or a member stopping
                     self._evidence.answered()
@@ -178,8 +177,7 @@ class Channels:
             if code == grpc.StatusCode.UNAUTHENTICATED:
                 self._token = None  # the next stream authenticates again
             if not _connection_failure(code, details):
-                raise EtcdError(f"etcd answered HTTP {_HTTP_STATUS.get(code, 500)}: {details}"[:400],
-                                status=_HTTP_STATUS.get(code, 500)) from None
+                raise _answered(code, details) from None
             self._current = (self._current + 1) % len(self._endpoints)
             raise self._evidence.failed(_unreachable(endpoint, details)) from None
         finally:
@@ -243,6 +241,12 @@ def _never_sent(code: grpc.StatusCode, details: str) -> bool:
     """gRPC failed before the request could leave: no connection was ever made for it."""
     text = details.lower()
     return code == grpc.StatusCode.UNAVAILABLE and ("failed to connect" in text or "connection refused" in text)
+
+
+def _answered(code: grpc.StatusCode, details: str) -> EtcdError:
+    """etcd's own refusal, with the HTTP status grpc-gateway gives it (the gateway transport's words)."""
+    status = _HTTP_STATUS.get(code, 500)
+    return EtcdError(f"etcd answered HTTP {status}: {details}"[:400], status=status)
 
 
 def _unreachable(endpoint: str, details: str) -> EtcdError:

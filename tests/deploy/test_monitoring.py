@@ -7,17 +7,15 @@ file and what promtool (Debian's `prometheus` package) says about the queries an
 from __future__ import annotations
 
 import json
-import os
 import re
-import shutil
 import subprocess
 from pathlib import Path
 from typing import Any
 
-import pytest
 import yaml
 
 from exporter.metrics import Metrics
+from tests.deploy.prometheus_package import debian_binary
 from tests.helpers import REPO
 
 DASHBOARD = REPO / "deploy" / "grafana" / "traefik-etcd-exporter.json"
@@ -40,11 +38,7 @@ def targets() -> list[tuple[str, str]]:
 
 
 def promtool() -> str:
-    found = shutil.which("promtool")
-    if found is None:
-        assert not os.environ.get("CI"), "promtool is missing: install Debian's prometheus package"
-        pytest.skip("promtool is not installed here (Debian's prometheus package)")
-    return found
+    return debian_binary("promtool")
 
 
 def test_the_dashboard_has_its_variables_and_every_panel_reads_the_chosen_data_source() -> None:

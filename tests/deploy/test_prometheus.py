@@ -19,9 +19,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
-import os
 import re
-import shutil
 import subprocess
 import time
 import urllib.request
@@ -41,6 +39,7 @@ from exporter.etcd.types import b64
 from exporter.keys import OWNER_KEY
 from exporter.render.root_keys import OWNER_VALUE
 from tests.conftest import ROOT, settings_for
+from tests.deploy.prometheus_package import debian_binary
 from tests.helpers import AUTHORITY, REPO, Backend, eventually, get_via, serve_all_paths, serves, tls_backend_context, uid
 from tests.redis_server import RedisServer, start_redis
 
@@ -72,14 +71,6 @@ MAY_STAY_ZERO = {
     "Blocking keys", "Paced ingresses", "Drift repairs", "Discovery write errors", "Task crashes", "Traefik lag",
     "etcd errors",
 }
-
-
-def _prometheus_binary() -> str:
-    found = shutil.which("prometheus")
-    if found is None:
-        assert not os.environ.get("CI"), "prometheus is missing: install Debian's prometheus package"
-        pytest.skip("prometheus is not installed here (Debian's prometheus package)")
-    return found
 
 
 @dataclass
@@ -172,7 +163,7 @@ async def service_discovery(world: World) -> AsyncIterator[str]:
 
 @pytest.fixture
 def prometheus(tmp_path: Path, daemon: Daemon, service_discovery: str) -> Iterator[str]:
-    binary = _prometheus_binary()
+    binary = debian_binary("prometheus")
     port = free_port()
     config = tmp_path / "prometheus.yml"
     config.write_text(json.dumps({
