@@ -51,6 +51,8 @@ class FakeEtcd:
         self._held: dict[str, asyncio.Event] = {}
         self._kv: dict[str, _Stored] = {}
         self._history: list[tuple[int, str, str | None]] = []
+        # (revision, key, what the key held before it): reads at an older revision undo these.
+        self._undo: list[tuple[int, str, _Stored | None]] = []
         self._leases: dict[int, int] = {}
         self._next_lease = 1000
         self._changed = asyncio.Condition()
@@ -62,12 +64,18 @@ class FakeEtcd:
         stored = self._kv.get(key)
         return None if stored is None else KeyValue(key, stored.value, stored.mod_revision, stored.create_revision)
 
+    async def get_at(self, key: str, revision: int = 0) -> tuple[KeyValue | None, int]:
+        self._check()
+        revision = revision or self.revision
+        stored = self._at(revision, lambda k: k == key).get(key)
+        return (None if stored is None else KeyValue(key, stored.value, stored.mod_revision, stored.create_revision)), revision
+
     async def range_prefix(self, prefix: str, *, revision: int = 0) -> RangePage:
         self._check()
-        if revision and revision != self.revision:
-            raise EtcdError("the fake reads only at the current revision")
-        kvs = [KeyValue(k, s.value, s.mod_revision, s.create_revision) for k, s in sorted(self._kv.items()) if k.startswith(prefix)]
-        return RangePage(kvs, self.revision)
+        revision = revision or self.revision
+        found = self._at(revision, lambda k: k.startswith(prefix))
+        kvs = [KeyValue(k, s.value, s.mod_revision, s.create_revision) for k, s in sorted(found.items())]
+        return RangePage(kvs, revision)
 
     async def txn(self, compares: Sequence[Compare], ops: Sequence[Op]) -> TxnResult:
         self._check()
@@ -154,6 +162,7 @@ class FakeEtcd:
         """Drop the history up to now (watches from before fail with WatchCanceled)."""
         self.compacted = self.revision
         self._history = []
+        self._undo = []
 
     async def set_down(self, down: bool) -> None:
         """Make etcd unreachable (or reachable again); open watches break."""
@@ -180,6 +189,23 @@ class FakeEtcd:
 
     # ----- internals
 
+    def _at(self, revision: int, wanted: Callable[[str], bool]) -> dict[str, _Stored]:
+        """The `wanted` keys as they were at `revision` (etcd refuses a revision compacted away, or one not written yet)."""
+        if revision > self.revision:
+            raise EtcdError("etcd answered HTTP 400: etcdserver: mvcc: required revision is a future revision", status=400)
+        if revision < self.compacted:
+            raise EtcdError("etcd answered HTTP 400: etcdserver: mvcc: required revision has been compacted", status=400)
+        found = {k: s for k, s in self._kv.items() if wanted(k)}
+        for rev, key, before in reversed(self._undo):
+            if rev <= revision:
+                break
+            if wanted(key):
+                if before is None:
+                    found.pop(key, None)
+                else:
+                    found[key] = before
+        return found
+
     def _check(self) -> None:
         if self.down:
             raise EtcdError("etcd at fake:2379 unreachable: ConnectionRefusedError", unavailable=True)
@@ -198,6 +224,7 @@ class FakeEtcd:
             return
         self.revision += 1
         for op in changes:
+            self._undo.append((self.revision, op.key, self._kv.get(op.key)))
             if op.value is None:
                 del self._kv[op.key]
             else:

@@ -209,6 +209,9 @@ class HookedEtcd:
     async def get(self, key: str) -> KeyValue | None:
         return await self.inner.get(key)
 
+    async def get_at(self, key: str, revision: int = 0) -> tuple[KeyValue | None, int]:
+        return await self.inner.get_at(key, revision)
+
     async def range_prefix(self, prefix: str, *, revision: int = 0) -> RangePage:
         return await self.inner.range_prefix(prefix, revision=revision)
 

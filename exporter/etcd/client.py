@@ -36,6 +36,7 @@ class Kv(Protocol):
     """What each transport sends: reads, transactions, unguarded writes for tools, leases."""
 
     async def get(self, key: str) -> KeyValue | None: ...
+    async def get_at(self, key: str, revision: int = 0) -> tuple[KeyValue | None, int]: ...
     async def range_prefix(self, prefix: str, *, revision: int = 0) -> RangePage: ...
     async def txn(self, compares: Sequence[Compare], ops: Sequence[Op]) -> TxnResult: ...
     async def put(self, key: str, value: str) -> int: ...
@@ -96,6 +97,10 @@ class EtcdClient:
     async def get(self, key: str) -> KeyValue | None:
         """One key, or None."""
         return await self._kv.get(key)
+
+    async def get_at(self, key: str, revision: int = 0) -> tuple[KeyValue | None, int]:
+        """One key (or None) as it was at `revision` (the current one when 0), and the revision read."""
+        return await self._kv.get_at(key, revision)
 
     async def range_prefix(self, prefix: str, *, revision: int = 0) -> RangePage:
         """Every key under `prefix`, read in pages pinned to one revision (never one unbounded read)."""

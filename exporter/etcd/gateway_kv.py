@@ -28,9 +28,16 @@ class GatewayKv:
         kvs = reply.get("kvs") or []
         return kv_of(kvs[0]) if kvs else None
 
+    async def get_at(self, key: str, revision: int = 0) -> tuple[KeyValue | None, int]:
+        """One key (or None) as it was at `revision` (the current one when 0), and the revision read."""
+        body = {"key": b64(key), "revision": str(revision)} if revision else {"key": b64(key)}
+        reply = await self._gateway.post("/v3/kv/range", body)
+        kvs = reply.get("kvs") or []
+        return (kv_of(kvs[0]) if kvs else None), revision or int(reply["header"]["revision"])
+
     async def range_prefix(self, prefix: str, *, revision: int = 0) -> RangePage:
         """Every key under `prefix`, read in pages pinned to one revision (never one unbounded read)."""
-        page = RangePage()
+        page = RangePage(revision=revision)
         start = b64(prefix)
         end = b64_range_end(prefix)
         while True:

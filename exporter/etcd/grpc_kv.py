@@ -31,9 +31,14 @@ class GrpcKv:
         reply = await self._range(rpc_pb2.RangeRequest(key=key.encode()))
         return _kv(reply.kvs[0]) if reply.kvs else None
 
+    async def get_at(self, key: str, revision: int = 0) -> tuple[KeyValue | None, int]:
+        """One key (or None) as it was at `revision` (the current one when 0), and the revision read."""
+        reply = await self._range(rpc_pb2.RangeRequest(key=key.encode(), revision=revision))
+        return (_kv(reply.kvs[0]) if reply.kvs else None), revision or reply.header.revision
+
     async def range_prefix(self, prefix: str, *, revision: int = 0) -> RangePage:
         """Every key under `prefix`, read in pages pinned to one revision (never one unbounded read)."""
-        page = RangePage()
+        page = RangePage(revision=revision)
         start, end = prefix.encode(), range_end(prefix)
         while True:
             reply = await self._range(rpc_pb2.RangeRequest(key=start, range_end=end, limit=self._page_size, revision=revision))

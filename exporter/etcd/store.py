@@ -20,6 +20,10 @@ class EtcdStore(Protocol):
         """One key, or None."""
         ...
 
+    async def get_at(self, key: str, revision: int = 0) -> tuple[KeyValue | None, int]:
+        """One key (or None) as it was at `revision` (the current one when 0), and the revision read."""
+        ...
+
     async def range_prefix(self, prefix: str, *, revision: int = 0) -> RangePage:
         """Every key under `prefix`, consistent at one revision (the current one when 0)."""
         ...

@@ -14,7 +14,7 @@ that root are held, and the leader writes what is held once the root is due, all
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from loguru import logger
@@ -70,7 +70,6 @@ class Committer:
         mirror: Mirror,
         leader: LeaderPolicy,
         ejections: Ejections,
-        desired: Callable[[IngressRef], Record | None],
         policies: Sequence[WritePolicy],
         metrics: Metrics,
         dry_run: bool = False,
@@ -84,8 +83,7 @@ class Committer:
         self._mirror = mirror
         self._leader = leader
         self._ejections = ejections
-        self._desired = desired
-        self._judge = Judge(store, desired)
+        self._judge = Judge(store)
         self._dry_run = dry_run
         self._last_dry_run = ""
 
@@ -177,7 +175,7 @@ class Committer:
         """The plan of `chunk`, and the request group of each requested ingress in it (render errors fail theirs)."""
         # Judged in the same step as the plan: nothing the watch brings can come in between.
         chunk, records = self._judge.judge(chunk, requested, calls, outcome)
-        view = {r: record for r in chunk if (record := records.get(r) or self._desired(r)) is not None}
+        view = {r: record for r in chunk if (record := records.get(r) or self._store.latest(r)) is not None}
         plan = self._planner.plan(view, self._observed, chunk, self._ejections, include_roots=include_roots)
         groups = {}
         for ref in chunk:

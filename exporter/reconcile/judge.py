@@ -13,12 +13,15 @@ same step as its plan:
   request as the one to write, which is judged in turn.
 A batch writes the records of its own requests only, even when a newer request for the same
 ingress was queued meanwhile (during a retry): the store takes the batch's records when it is
-answered, so writing the queued one would leave etcd ahead of the store.
+answered, so writing the queued one would leave etcd ahead of the store. An ingress planned
+for no request of the batch (a drift repair, held keys) is planned from its committed record,
+never from a queued request's: that request may yet be refused as a whole, and etcd would
+then hold part of a request answered 409.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 from ..errors import ExporterError
 from ..keys import IngressRef
@@ -31,14 +34,13 @@ Calls = Mapping[IngressRef, Sequence[tuple[int, Record]]]
 class Judge:
     """Decides, for one step of a batch, which ingresses are planned and from which record."""
 
-    def __init__(self, store: RecordStore, desired: Callable[[IngressRef], Record | None]) -> None:
+    def __init__(self, store: RecordStore) -> None:
         self._store = store
-        self._desired = desired
 
     def judge(
         self, chunk: Sequence[IngressRef], requested: Mapping[IngressRef, int], calls: Calls, outcome: Outcome
     ) -> tuple[list[IngressRef], dict[IngressRef, Record]]:
-        """The ingresses of `chunk` to plan, and the record to plan where it is not the newest pending one.
+        """The ingresses of `chunk` to plan, and the record to plan where it is not the committed one.
 
         `calls` lists, per ingress, the requests of the batch that change it (request, record) in
         order; refused requests go into `outcome.refused`, done ingresses into `outcome.done`.
@@ -69,7 +71,7 @@ class Judge:
                 if ref in requested:
                     outcome.done.add(ref)
                 record = self._store.latest(ref)
-            if record is not None and record is not self._desired(ref):
+            if record is not None and record is not self._store.latest(ref):
                 records[ref] = record
             out.append(ref)
         return out, records
@@ -78,10 +80,10 @@ class Judge:
         """(planned at all, the record to plan): for a requested ingress the newest of this batch's
         requests not refused, never one of a request queued after the batch was taken (a retry
         re-plans while new requests arrive: that request is judged, and answered, in its own
-        batch); for any other the newest pending one."""
+        batch); for any other its committed record."""
         mine = calls.get(ref, ()) if ref in requested else ()
         if not mine:
-            return True, self._desired(ref)
+            return True, self._store.latest(ref)
         left = [record for call, record in mine if call not in outcome.refused]
         return (True, left[-1]) if left else (False, None)
 

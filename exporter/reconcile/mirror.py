@@ -99,19 +99,25 @@ class Mirror:
         return ref
 
     async def refresh(self, units: Iterable[UnitPlan]) -> None:
-        """Re-read what conflicted units guard (each object whole), adopting any record a peer wrote meanwhile."""
+        """Re-read what conflicted units guard (each object whole), adopting any record a peer wrote meanwhile.
+
+        Every read is pinned to one revision, so the mirror takes from it only what it does not
+        know newer (our commits and watch events may land while the reads are out).
+        """
+        revision = 0
         for unit in units:
+            for obj in [*unit.objects, *(path for path, _witness in unit.needs)]:
+                page = await self._etcd.range_prefix(obj + "/", revision=revision)
+                revision = page.revision
+                self._observed.replace_object(obj, page.kvs, revision)
             for compare in unit.compares:
                 if compare.prefix or any(compare.key.startswith(obj + "/") for obj in unit.objects):
-                    continue  # read with its object below
-                found = await self._etcd.get(compare.key)
+                    continue  # read with its object above
+                found, revision = await self._etcd.get_at(compare.key, revision)
                 value = found.value if found else None
-                self._observed.set(compare.key, value, found.mod_revision if found else 0)
-                if unit.owner is not None and compare.key == self._layout.record_key(unit.owner):
+                taken = self._observed.observe(compare.key, value, found.mod_revision if found else revision)
+                if taken and unit.owner is not None and compare.key == self._layout.record_key(unit.owner):
                     self.adopt_record(compare.key, value)
-            for obj in [*unit.objects, *(path for path, _witness in unit.needs)]:  # after the record: at least as new
-                page = await self._etcd.range_prefix(obj + "/")
-                self._observed.replace_object(obj, page.kvs)
 
     async def stop(self) -> None:
         """Stop watching, and applying deferred events."""
@@ -150,20 +156,21 @@ class Mirror:
             ref = self._apply_event(event)
             if ref is not None:
                 changed.add(ref)
-        if roots and events:
-            self._observed.keys_seen = max(self._observed.keys_seen, *(e.mod_revision for e in events))
+        if events:
+            newest = max(e.mod_revision for e in events)
+            if roots:
+                self._observed.keys_seen = max(self._observed.keys_seen, newest)
+            else:
+                self._observed.records_seen = max(self._observed.records_seen, newest)
+            # Both watches are past these deletions: no older put of their keys can arrive now.
+            self._observed.deletions.forget_through(min(self._observed.keys_seen, self._observed.records_seen))
         if changed:
             self._on_drift(sorted(changed))
 
     def _apply_event(self, event: WatchEvent) -> IngressRef | None:
-        key = event.key
-        seen = self._observed.get(key)
-        if seen is not None and seen[1] >= event.mod_revision:
-            return None  # our own write, already applied
-        if seen is None and event.deleted:
-            return None
-        value = event.value
-        self._observed.set(key, value, event.mod_revision)
+        key, value = event.key, event.value
+        if not self._observed.observe(key, value, event.mod_revision):
+            return None  # our own write, already applied, or older than what a later commit or read left
         if self._writer.is_writing(key, value):
             return None  # our own transaction, seen before its reply
         if key.startswith(self._layout.records_dir):

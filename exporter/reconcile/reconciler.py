@@ -111,7 +111,7 @@ class Reconciler:
         )
         committer = Committer(
             planner=planner, observed=self.observed, store=self.store, writer=writer, mirror=self._mirror,
-            leader=leader, ejections=self._ejections, desired=self._intents.desired,
+            leader=leader, ejections=self._ejections,
             policies=[FollowerRule(leader), PacingRule(self.pacer)], metrics=metrics, dry_run=dry_run,
         )
         self._loop = Loop(

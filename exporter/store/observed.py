@@ -1,7 +1,9 @@
 """A mirror of the keys observed in etcd under the managed roots and the records prefix.
 
 Fed by paged range reads, by the writer's own committed transactions and by the watch;
-indexed by owning ingress so that planning one ingress touches only its own keys. Shared
+indexed by owning ingress so that planning one ingress touches only its own keys. These
+sources arrive out of revision order, so each change is taken only when it is newer than
+what the mirror knows of its key, deletions included (`observe`, store/deletions.py). Shared
 objects (render/shared.py) are indexed by path, with how many keys reference each: one no key
 references is an orphan, deleted by the next plan of its root.
 """
@@ -14,6 +16,7 @@ from typing import cast
 from ..etcd.types import KeyValue
 from ..keys import BEACON_KEY, IngressRef, KeyLayout
 from .beacons import Beacons
+from .deletions import Deletions
 from .own import OwnRevisions
 from .shared import SharedIndex
 
@@ -40,6 +43,9 @@ class Observed:
         # Every write under the roots up to this revision is in the mirror (the roots' watch has
         # delivered it, or a full read was taken there); the records' watch may run ahead of it.
         self.keys_seen = 0
+        # The same for the records' watch.
+        self.records_seen = 0
+        self.deletions = Deletions()
         # Our own commits, whose keys the mirror took from the reply (the commit ledger adds them).
         self.own = OwnRevisions()
 
@@ -74,6 +80,24 @@ class Observed:
             owned.remove(key)
         if not owned:
             del self._owned[owner]
+
+    def newer(self, key: str, revision: int) -> bool:
+        """True when the mirror knows of a change of `key` at `revision` or later (a put or a delete)."""
+        mod = self._mods.get(key)
+        return (mod if mod is not None else self.deletions.at(key)) >= revision
+
+    def observe(self, key: str, value: str | None, revision: int) -> bool:
+        """Take a put (value) or delete (None) of `key` at `revision` unless the mirror knows a newer change; True if taken."""
+        if self.newer(key, revision):
+            return False
+        if value is None:
+            self.deletions.deleted(key, revision)  # also when absent: an older put may still be on its way
+            if key not in self._values:
+                return False
+        else:
+            self.deletions.put(key)
+        self.set(key, value, revision)
+        return True
 
     def _owner_of(self, key: str) -> tuple[str | None, tuple[str, str] | None]:
         """The object path of a key under a root, and the (label, id) that object is named for."""
@@ -112,11 +136,13 @@ class Observed:
         self._owned.clear()
         self._loose.clear()
         self.sharing.clear()
+        self.deletions.clear()
         revisions: dict[int, int] = {}
         for key, value, mod in kvs:
             self.set(key, value, revisions.setdefault(mod, mod))
         self.revision = revision
         self.keys_seen = max(self.keys_seen, revision)
+        self.records_seen = max(self.records_seen, revision)
 
     def keys_current(self, revision: int) -> bool:
         """True when the mirror holds every key written under the roots at `revision` (a record's commit)."""
@@ -127,17 +153,18 @@ class Observed:
         value = self._values.get(key)
         return None if value is None else (value, self._mods[key])
 
-    def replace_object(self, object_path: str, kvs: Iterable[KeyValue]) -> None:
-        """Replace what is known under one object with a fresh read."""
+    def replace_object(self, object_path: str, kvs: Iterable[KeyValue], revision: int) -> None:
+        """Take a read of one object made at `revision`: keys it lacks are gone, unless the mirror knows them newer."""
         owner, lead = self.layout.object_key_of(object_path), object_path + "/"
         if owner is not None:
             known: Iterable[str] = self._owned.get(owner, ())
         else:
             known = self.sharing.keys.get(object_path, ()) if self.layout.is_shared(object_path) else self._loose
-        for key in [k for k in known if k.startswith(lead)]:
-            self.set(key, None, 0)
-        for kv in kvs:
-            self.set(kv.key, kv.value, kv.mod_revision)
+        read = {kv.key: kv for kv in kvs}
+        for key in [k for k in known if k.startswith(lead) and k not in read]:
+            self.observe(key, None, revision)
+        for kv in read.values():
+            self.observe(kv.key, kv.value, kv.mod_revision)
 
     def objects_of(self, ref: IngressRef) -> dict[str, dict[str, tuple[str, int]]]:
         """The observed objects under the ingress's root named for it, with their keys."""

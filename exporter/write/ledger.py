@@ -54,7 +54,7 @@ class CommitLedger:
         self._observed.own.add(revision)
         written = set()
         for change in changes:
-            self._observed.set(change.key, change.new, revision)
+            self._observed.observe(change.key, change.new, revision)
             written.add(change.key)
         for unit in units:
             ref = unit.owner

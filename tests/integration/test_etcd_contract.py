@@ -131,6 +131,21 @@ async def test_a_prefix_lists_in_key_order_at_one_revision(store: EtcdStore, at:
     assert page.revision == await revision(store, at)
 
 
+async def test_a_read_pinned_to_an_older_revision_sees_the_keys_as_they_were_then(store: EtcdStore, at: str) -> None:
+    put = (await store.txn([], [Op(at + "r/a", "1"), Op(at + "r/b", "2")])).revision
+    await store.txn([], [Op(at + "r/a", None), Op(at + "r/b", "3"), Op(at + "r/c", "4")])
+    then = await store.range_prefix(at + "r/", revision=put)
+    assert then.revision == put
+    assert [(kv.key[len(at):], kv.value, kv.mod_revision) for kv in then.kvs] == [("r/a", "1", put), ("r/b", "2", put)]
+    found, read = await store.get_at(at + "r/a", put)
+    assert read == put and found is not None and (found.value, found.mod_revision) == ("1", put)
+    gone, now = await store.get_at(at + "r/a")
+    assert gone is None and now == await revision(store, at)
+    with pytest.raises(EtcdError) as future:
+        await store.get_at(at + "r/a", now + 100)
+    assert future.value.status == 400 and "future revision" in future.value.title
+
+
 async def test_a_watch_replays_from_its_start_revision_in_order_each_revision_together(store: EtcdStore, at: str) -> None:
     first = (await store.txn([], [Op(at + "w/a", "1"), Op(at + "w/b", "2")])).revision
     await store.txn([], [Op(at + "other", "x")])

@@ -15,21 +15,19 @@ X, Y = IngressRef(AUTHORITY, "x"), IngressRef(AUTHORITY, "y")
 
 
 class Batch:
-    """A store of committed records, the pending ones, and the requests of one batch."""
+    """A store of committed records and the requests of one batch."""
 
     def __init__(self) -> None:
         self.store = RecordStore()
-        self.pending: dict[IngressRef, Record] = {}
         self.calls: dict[IngressRef, list[tuple[int, Record]]] = {}
 
     def request(self, call: int, *records: Record) -> None:
         for rec in records:
             self.calls.setdefault(rec.key, []).append((call, rec))
-            self.pending[rec.key] = rec
 
     def judge(self, *chunk: IngressRef) -> tuple[list[IngressRef], dict[IngressRef, Record], Outcome]:
         outcome = Outcome()
-        judge = Judge(self.store, lambda ref: self.pending.get(ref) or self.store.latest(ref))
+        judge = Judge(self.store)
         planned, records = judge.judge(list(chunk), dict.fromkeys(self.calls, 0), self.calls, outcome)
         return planned, records, outcome
 
@@ -37,9 +35,10 @@ class Batch:
 def test_a_record_nobody_overtook_is_planned_as_it_is_pending() -> None:
     batch = Batch()
     batch.store.set(X, record("x", revision=1, upstream=UP))
-    batch.request(1, record("x", revision=2, upstream=UP))
+    wanted = record("x", revision=2, upstream=UP)
+    batch.request(1, wanted)
     planned, records, outcome = batch.judge(X)
-    assert planned == [X] and records == {} and outcome.refused == {} and outcome.done == set()
+    assert planned == [X] and records == {X: wanted} and outcome.refused == {} and outcome.done == set()
 
 
 def test_a_request_a_peer_overtook_is_refused_and_its_ingress_not_planned() -> None:
@@ -59,7 +58,7 @@ def test_what_a_peer_already_wrote_is_done_and_planned_from_what_etcd_holds() ->
     batch.request(1, wanted)
     batch.store.set(X, record("x", revision=2, upstream=UP))  # the same content, committed by a peer
     planned, records, outcome = batch.judge(X)
-    assert planned == [X] and X in outcome.done and records[X] is batch.store.latest(X)
+    assert planned == [X] and X in outcome.done and X not in records  # planned from the committed record
 
 
 def test_a_refused_request_is_refused_whole_and_another_request_for_its_ingress_is_written() -> None:
@@ -71,7 +70,7 @@ def test_a_refused_request_is_refused_whole_and_another_request_for_its_ingress_
     batch.store.set(X, record("x", revision=5, upstream=UP))
     planned, records, outcome = batch.judge(X, Y)
     assert planned == [Y] and set(outcome.refused) == {1}
-    assert records.get(Y, batch.pending[Y]) is mine
+    assert records[Y] is mine
 
 
 def test_when_the_only_request_for_an_ingress_is_refused_through_another_ingress_it_fails_too() -> None:

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from exporter.etcd.types import WatchEvent
+from exporter.etcd.types import KeyValue, WatchEvent
 from exporter.keys import IngressRef, KeyLayout
+from exporter.plan.plan import Change
 from exporter.reconcile.mirror import Mirror
 from exporter.store.observed import Observed
 from exporter.store.records import RecordStore
@@ -64,3 +65,39 @@ async def test_a_peers_record_is_adopted_and_a_record_for_another_ingress_is_ign
     misplaced = IngressRef(AUTHORITY, "y")
     world.mirror.apply_events([WatchEvent.of(LAYOUT.record_key(misplaced), peer.value, 5)])
     assert world.store.latest(misplaced) is None
+
+
+async def test_a_put_older_than_our_delete_does_not_bring_the_key_back_until_the_watches_pass_it() -> None:
+    """A watch event deferred while our transactions were in flight arrives after our commit that deleted the key."""
+    world = World()
+    await world.mirror.relist()
+    world.mirror.apply_events([WatchEvent.of(RULE, "Host(`x.test`)", 5)], roots=True)
+    world.ledger.committed([], [Change(RULE, "Host(`x.test`)", None)], 9)
+    # A peer's put at 7, older than our delete at 9, is delivered only now.
+    world.mirror.apply_events([WatchEvent.of(RULE, "Host(`peer.test`)", 7)], roots=True)
+    assert world.observed.get(RULE) is None and world.observed.newer(RULE, 8)
+    # Once both watches are past 9, nothing older can arrive: the deletion is forgotten.
+    world.mirror.apply_events([WatchEvent.of(RULE, None, 9)], roots=True)
+    world.mirror.apply_events([WatchEvent.of(LAYOUT.record_key(IngressRef(AUTHORITY, "other")), None, 10)])
+    assert not world.observed.newer(RULE, 8)
+    world.mirror.apply_events([WatchEvent.of(RULE, "Host(`again.test`)", 11)], roots=True)
+    assert world.observed.get(RULE) == ("Host(`again.test`)", 11)
+
+
+async def test_a_reread_older_than_what_the_mirror_knows_changes_nothing_it_knows_newer() -> None:
+    """A re-read sent before our commit and answered after it: its keys and its absences are older."""
+    world = World()
+    await world.mirror.relist()
+    obj = RULE.rsplit("/", 1)[0]
+    service = f"{LAYOUT.root(AUTHORITY)}/http/routers/{AUTHORITY}_x/service"
+    world.mirror.apply_events([WatchEvent.of(RULE, "Host(`x.test`)", 5), WatchEvent.of(service, "x", 5)], roots=True)
+    world.ledger.committed([], [Change(RULE, "Host(`x.test`)", None), Change(service, "x", "y")], 9)
+    # Read at 6: the rule still there, the service at its old value, and a priority since deleted (at 8).
+    priority = f"{obj}/priority"
+    world.observed.replace_object(obj, [KeyValue(RULE, "Host(`x.test`)", 5, 5), KeyValue(service, "x", 5, 5),
+                                        KeyValue(priority, "1", 6, 6)], 6)
+    assert world.observed.get(RULE) is None and world.observed.get(service) == ("y", 9)
+    assert world.observed.get(priority) == ("1", 6)  # nothing newer known of it: taken
+    # A read at 12 that lacks the priority: it was deleted by 12.
+    world.observed.replace_object(obj, [KeyValue(service, "y", 9, 5)], 12)
+    assert world.observed.get(priority) is None and world.observed.get(service) == ("y", 9)

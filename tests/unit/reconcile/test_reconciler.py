@@ -549,6 +549,39 @@ async def test_a_retried_batch_writes_its_own_record_not_that_of_a_request_queue
         assert known is not None and known.value == stored.value
 
 
+async def test_a_drift_repair_never_writes_a_request_queued_meanwhile_which_is_then_refused_whole(etcd: FakeEtcd) -> None:
+    # x drifts; its repair loses its compare (a peer rewrote x's record as it was) and is planned
+    # again while a request for x and y waits in the queue, which is refused as a whole once a
+    # peer stores a newer y. The repair must restore x from its committed record: planning it
+    # from the queued one would write part of a request answered 409.
+    x, y = uid(), uid()
+    xref, yref = IngressRef(AUTHORITY, x), IngressRef(AUTHORITY, y)
+    later: list[asyncio.Task[None]] = []
+    async with running(etcd, leader=Leader()) as rec:
+        await rec.submit([record(x, upstream=UP), record(y, upstream=UP)])
+        committed_x = etcd.value(LAYOUT.record_key(xref)) or ""
+
+        async def queue_request_then_peer_writes(_c: Sequence[Compare], _o: Sequence[Op]) -> None:
+            later.append(asyncio.create_task(rec.submit([record(x, upstream=UP, revision=2), record(y, upstream=UP, revision=2)])))
+            await staged(rec, 1)
+            await etcd.put(LAYOUT.record_key(xref), committed_x)  # the repair's record compare fails
+            await etcd.put(LAYOUT.record_key(yref), record(y, upstream=UP, revision=3).value)
+
+        etcd.before_txn = queue_request_then_peer_writes
+        await etcd.put(rule_key(x), "Host(`edited.test`)")
+
+        async def queued() -> bool:
+            return bool(later)
+
+        await eventually(queued)
+        with pytest.raises(StaleRevisionError):
+            await later[0]
+        await eventually(lambda: _value_is(etcd, rule_key(x), f"Host(`{x}.test`)"))
+        assert decode_record(etcd.value(LAYOUT.record_key(xref)) or "").revision == 1
+        known = rec.store.latest(xref)
+        assert known is not None and known.revision == 1
+
+
 async def _stored_revision(rec: Reconciler, iid: str, revision: int) -> bool:
     stored = rec.store.get(IngressRef(AUTHORITY, iid))
     return stored is not None and stored.revision == revision
