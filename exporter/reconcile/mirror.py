@@ -104,6 +104,13 @@ class Mirror:
         Every read is pinned to one revision, so the mirror takes from it only what it does not
         know newer (our commits and watch events may land while the reads are out).
         """
+        # The reads are pinned at the revision of the first answer, no older than what both
+        # watches have delivered now: the deletions after that stay known until they are in.
+        observed = self._observed
+        with observed.deletions.held(min(observed.keys_seen, observed.records_seen)):
+            await self._reread(units)
+
+    async def _reread(self, units: Iterable[UnitPlan]) -> None:
         revision = 0
         for unit in units:
             for obj in [*unit.objects, *(path for path, _witness in unit.needs)]:

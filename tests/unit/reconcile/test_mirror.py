@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from exporter.etcd.types import KeyValue, WatchEvent
+from collections.abc import Awaitable, Callable
+
+from exporter.etcd.types import KeyValue, RangePage, WatchEvent
 from exporter.keys import IngressRef, KeyLayout
-from exporter.plan.plan import Change
+from exporter.plan.plan import Change, UnitPlan
 from exporter.reconcile.mirror import Mirror
 from exporter.store.observed import Observed
 from exporter.store.records import RecordStore
@@ -22,8 +24,8 @@ UP = {"servers": [{"url": "http://10.0.0.5:8000"}]}
 class World:
     """A mirror over an in-memory etcd, with the ingresses it reported as drifted."""
 
-    def __init__(self) -> None:
-        self.etcd = FakeEtcd()
+    def __init__(self, etcd: FakeEtcd | None = None) -> None:
+        self.etcd = etcd if etcd is not None else FakeEtcd()
         self.observed, self.store = Observed(LAYOUT), RecordStore()
         self.ledger = CommitLedger(self.observed)
         self.drifted: list[IngressRef] = []
@@ -101,3 +103,46 @@ async def test_a_reread_older_than_what_the_mirror_knows_changes_nothing_it_know
     # A read at 12 that lacks the priority: it was deleted by 12.
     world.observed.replace_object(obj, [KeyValue(service, "y", 9, 5)], 12)
     assert world.observed.get(priority) is None and world.observed.get(service) == ("y", 9)
+
+
+class HookAfterFirstRead(FakeEtcd):
+    """An in-memory etcd that runs `hook` once, after answering the next range read."""
+
+    hook: Callable[[], Awaitable[None]] | None = None
+
+    async def range_prefix(self, prefix: str, *, revision: int = 0) -> RangePage:
+        page = await super().range_prefix(prefix, revision=revision)
+        hook, self.hook = self.hook, None
+        if hook is not None:
+            await hook()
+        return page
+
+
+async def test_a_reread_pinned_before_deletions_the_watches_delivered_meanwhile_does_not_bring_the_keys_back() -> None:
+    """The first answer pins the re-read; a peer then replaces the server by the placeholder and both watches deliver it."""
+    etcd = HookAfterFirstRead()
+    world = World(etcd)
+    router = RULE.rsplit("/", 1)[0]
+    service = f"{LAYOUT.root(AUTHORITY)}/http/services/{AUTHORITY}_x/loadBalancer"
+    url, placeholder = f"{service}/servers/000/url", f"{service}/passHostHeader"
+    await etcd.put(url, "http://10.0.0.5:8000")
+    await etcd.put(RULE, "Host(`x.test`)")
+    await world.mirror.relist()
+
+    other = LAYOUT.record_key(IngressRef(AUTHORITY, "other"))
+    other_value = record("other", upstream=UP).value
+
+    async def peer_writes() -> None:
+        gone = await etcd.delete(url)
+        put = await etcd.put(placeholder, "true")
+        adopted = await etcd.put(other, other_value)
+        world.mirror.apply_events([WatchEvent.of(url, None, gone), WatchEvent.of(placeholder, "true", put)], roots=True)
+        world.mirror.apply_events([WatchEvent.of(other, other_value, adopted)])
+
+    etcd.hook = peer_writes
+    await world.mirror.refresh([UnitPlan(name="x", changes=[], compares=[], owner=REF, objects=(router, service))])
+    assert world.observed.get(url) is None and world.observed.get(placeholder) == ("true", 5)
+    # Once the re-read is in, the deletion is forgotten when the watches pass it again.
+    world.mirror.apply_events([WatchEvent.of(RULE, "Host(`y.test`)", 7)], roots=True)
+    world.mirror.apply_events([WatchEvent.of(other, None, 8)])
+    assert not world.observed.newer(url, 3)
