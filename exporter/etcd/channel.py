@@ -160,14 +160,17 @@ class Channels:
         call = self._channel().stream_stream(method, request_serializer=_serialize, response_deserializer=decode)(
             metadata=self._metadata(),
         )
+        read: asyncio.Future[Any] | None = None
         try:
             await call.write(request)
             while True:
-                try:
-                    reply = await asyncio.wait_for(call.read(), idle_timeout)
-                except TimeoutError:
+                # Not wait_for: cancelling a read in flight waits for a message that may never come
+                # (an idle watch, while its consumer pauses it); cancelling the call below ends it.
+                read = asyncio.ensure_future(call.read())
+                if not (await asyncio.wait((read,), timeout=idle_timeout))[0]:
                     # Silence past the idle timeout says nothing about etcd; a broken stream does.
-                    raise EtcdError(f"{method} on {endpoint} stayed silent for {idle_timeout:g}s", unavailable=True) from None
+                    raise EtcdError(f"{method} on {endpoint} stayed silent for {idle_timeout:g}s", unavailable=True)
+                reply, read = read.result(), None
                 if reply is grpc.aio.EOF:
                     raise self._evidence.failed(EtcdError(f"{method} on {endpoint} ended", unavailable=True))
                 self._evidence.answered()
@@ -182,6 +185,8 @@ class Channels:
             raise self._evidence.failed(_unreachable(endpoint, details)) from None
         finally:
             call.cancel()
+            if read is not None:
+                read.add_done_callback(_consumed)
 
     def _metadata(self) -> tuple[tuple[str, str], ...]:
         return (("token", self._token),) if self._token is not None else ()
@@ -204,6 +209,12 @@ class Channels:
             raise EtcdError(f"etcd authentication failed for user {sec.username!r}: {details}") from None
         self._token = reply.token
         self.tokens_issued += 1
+
+
+def _consumed(read: asyncio.Future[Any]) -> None:
+    """Take the outcome of a read the stream's consumer no longer waits for (the call was cancelled)."""
+    if not read.cancelled():
+        read.exception()
 
 
 def _serialize(message: Any) -> bytes:

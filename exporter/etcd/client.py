@@ -1,10 +1,10 @@
-"""The exporter's etcd client: reads, transactions and leases over gRPC (or the JSON gateway), watches.
+"""The exporter's etcd client: reads, transactions, leases and watches over gRPC (or the JSON gateway).
 
 Python has no complete asyncio etcd client (docs/writer.md, "Talking to etcd"), so the daemon
 speaks etcd's API itself: `GrpcKv` on etcd's gRPC services through `grpc.aio` with messages
 generated from etcd's protobuf files (`proto/`), or `GatewayKv` on the v3 JSON gateway over aiohttp
-(`etcd.transport: gateway`). Watches use the gateway, whose messages are decoded only when looked
-into (docs/writer.md says why the gRPC watch waits). Both transports share one `Evidence` of reachability and one endpoint list.
+(`etcd.transport: gateway`). Watch events of either are decoded only when looked into. Both
+transports share one `Evidence` of reachability and one endpoint list.
 """
 
 from __future__ import annotations
@@ -156,8 +156,8 @@ class EtcdClient:
         stays silent longer than `idle_timeout` (after an etcd restart a stream can block forever).
         Progress notifications keep a healthy idle stream alive.
         """
-        # The gRPC watch (GrpcKv.watch_prefix) costs a third of this one's CPU, but the full suite
-        # hung with it in place: watches stay on the gateway until that is found.
+        if isinstance(self._kv, GrpcKv):
+            return self._kv.watch_prefix(prefix, start_revision, idle_timeout)
         return self._gateway_watch(prefix, start_revision, idle_timeout)
 
     async def _gateway_watch(self, prefix: str, start_revision: int, idle_timeout: float) -> AsyncIterator[list[WatchEvent]]:

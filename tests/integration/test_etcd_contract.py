@@ -164,6 +164,28 @@ async def test_a_watch_replays_from_its_start_revision_in_order_each_revision_to
     assert all(revisions.count(r) == sum(1 for e in b if e.mod_revision == r) for b in seen for r in {e.mod_revision for e in b})
 
 
+async def test_a_watch_waiting_on_a_quiet_prefix_stops_as_soon_as_its_consumer_is_cancelled(store: EtcdStore, at: str) -> None:
+    """The mirror pauses its watches for a bulk of its own writes by cancelling them: none may wait for an event first."""
+    first = (await store.txn([], [Op(at + "q/a", "1")])).revision
+    delivered = asyncio.Event()
+
+    async def consume() -> None:
+        async for _batch in store.watch_prefix(at + "q/", first, idle_timeout=30):
+            delivered.set()
+
+    task = asyncio.create_task(consume())
+    await asyncio.wait_for(delivered.wait(), 10)  # the stream is open, and now waits on a quiet prefix
+    task.cancel()
+    done, _ = await asyncio.wait((task,), timeout=5)
+    assert done and task.cancelled()
+    # The next watch on the same connection sees the next write.
+    later = (await store.txn([], [Op(at + "q/b", "2")])).revision
+    async with asyncio.timeout(10):
+        async for batch in store.watch_prefix(at + "q/", later, idle_timeout=30):
+            assert [(e.key, e.mod_revision) for e in batch] == [(at + "q/b", later)]
+            break
+
+
 async def test_a_revoked_lease_takes_its_keys_in_one_revision(store: EtcdStore, at: str) -> None:
     lease = await store.lease_grant(30)
     assert 0 < await store.lease_keepalive(lease) <= 30
