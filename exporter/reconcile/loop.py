@@ -174,8 +174,7 @@ class Loop:
         self._inbox.relist_requested = False
         self._status.etcd_ok = True
         if recovering:
-            logger.info("etcd reachable again: re-listed, restarting watches")
-            self._mirror.watches.start()
+            logger.info("etcd reachable again: re-listed, restarting watches")  # Mirror.relist restarts them
 
     async def _full_pass(self) -> None:
         if self._leader.is_leader():

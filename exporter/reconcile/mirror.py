@@ -75,7 +75,7 @@ class Mirror:
         listed = {self.adopt_record(kv.key, kv.value) for kv in records.kvs}
         for ref in [r for r in [*self._store.records, *self._store.tombstones] if r not in listed]:
             self._store.set(ref, None)
-        self.watches.listed.set()
+        self.watches.relisted(roots.revision)
         logger.info("listed etcd at revision {}: {} records, {} keys", roots.revision, len(records.kvs), len(roots.kvs))
 
     def adopt_record(self, key: str, value: str | None) -> IngressRef | None:

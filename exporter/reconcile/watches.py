@@ -56,6 +56,18 @@ class Watches:
             self._supervisor.spawn(f"watch {p}", functools.partial(self._watch, p), group="watch") for p in self._watched()
         ]
 
+    def relisted(self, revision: int) -> None:
+        """The mirror was read whole at `revision`: every watch resumes right after it.
+
+        Whatever a watch delivered past `revision` while the read was out went with the mirror
+        it replaced, so a watch further on is restarted there.
+        """
+        for prefix in self._watched():
+            self._positions[prefix] = revision
+        self.listed.set()
+        if self._watches and not self._stopped:
+            self.start()
+
     async def stop(self) -> None:
         """Stop watching."""
         self._stopped = True

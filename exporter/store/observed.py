@@ -140,9 +140,9 @@ class Observed:
         revisions: dict[int, int] = {}
         for key, value, mod in kvs:
             self.set(key, value, revisions.setdefault(mod, mod))
-        self.revision = revision
-        self.keys_seen = max(self.keys_seen, revision)
-        self.records_seen = max(self.records_seen, revision)
+        # Exactly `revision`: what a watch delivered past it while the read was out is gone with
+        # the mirror this replaces (the watches resume right after it).
+        self.revision = self.keys_seen = self.records_seen = revision
 
     def keys_current(self, revision: int) -> bool:
         """True when the mirror holds every key written under the roots at `revision` (a record's commit)."""

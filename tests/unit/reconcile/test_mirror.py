@@ -13,7 +13,7 @@ from exporter.store.records import RecordStore
 from exporter.write.ledger import CommitLedger
 from exporter.write.writer import Writer
 from tests.fake_etcd import FakeEtcd
-from tests.helpers import AUTHORITY, record
+from tests.helpers import AUTHORITY, eventually, record
 
 LAYOUT = KeyLayout("traefik/worker_{authority}", "records")
 REF = IngressRef(AUTHORITY, "x")
@@ -146,3 +146,29 @@ async def test_a_reread_pinned_before_deletions_the_watches_delivered_meanwhile_
     world.mirror.apply_events([WatchEvent.of(RULE, "Host(`y.test`)", 7)], roots=True)
     world.mirror.apply_events([WatchEvent.of(other, None, 8)])
     assert not world.observed.newer(url, 3)
+
+
+async def test_a_relist_drops_what_a_watch_delivered_meanwhile_and_the_watches_deliver_it_again() -> None:
+    """A watch delivers a peer's delete while the re-list is out; the read, older, replaces the mirror."""
+    etcd = HookAfterFirstRead()
+    world = World(etcd)
+    await etcd.put(RULE, "Host(`x.test`)")
+    await world.mirror.relist()
+    world.mirror.watches.start()
+    try:
+
+        async def peer_deletes_and_the_watch_delivers() -> None:
+            await etcd.delete(RULE)
+            await eventually(lambda: _absent(world.observed, RULE))
+
+        etcd.hook = peer_deletes_and_the_watch_delivers
+        await world.mirror.relist()
+        assert world.observed.keys_seen == world.observed.revision == etcd.revision - 1  # the read's revision
+        await eventually(lambda: _absent(world.observed, RULE))
+        assert world.observed.keys_seen == etcd.revision
+    finally:
+        await world.mirror.stop()
+
+
+async def _absent(observed: Observed, key: str) -> bool:
+    return observed.get(key) is None
