@@ -31,7 +31,7 @@ class EtcdSettings(_Section):
     )
     transport: Literal["grpc", "gateway"] = Field(
         default="grpc",
-        description="reads, transactions and leases over etcd's gRPC API (a third of etcd's CPU per write) or its JSON gateway",
+        description="reads, transactions, leases and watches over etcd's gRPC API (a third of etcd's CPU per write) or its JSON gateway",
     )
     timeout: float = Field(default=5.0, gt=0, description="seconds per etcd request")
     max_txn_ops: int | None = Field(
