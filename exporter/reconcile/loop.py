@@ -174,7 +174,8 @@ class Loop:
         self._inbox.relist_requested = False
         self._status.etcd_ok = True
         if recovering:
-            logger.info("etcd reachable again: re-listed, restarting watches")  # Mirror.relist restarts them
+            logger.info("etcd reachable again: re-listed, restarting watches")
+            self._mirror.watches.start()
 
     async def _full_pass(self) -> None:
         if self._leader.is_leader():

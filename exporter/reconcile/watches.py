@@ -60,12 +60,13 @@ class Watches:
         """The mirror was read whole at `revision`: every watch resumes right after it.
 
         Whatever a watch delivered past `revision` while the read was out went with the mirror
-        it replaced, so a watch further on is restarted there.
+        it replaced, so a watch further on is restarted there (one not past it goes on).
         """
+        ahead = any(self._positions.get(prefix, 0) > revision for prefix in self._watched())
         for prefix in self._watched():
             self._positions[prefix] = revision
         self.listed.set()
-        if self._watches and not self._stopped:
+        if ahead and self._watches and not self._stopped:
             self.start()
 
     async def stop(self) -> None:
