@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import ipaddress
 import re
+import secrets
 import time
-import uuid
 from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
 from typing import Protocol, TypeVar
@@ -102,7 +102,7 @@ def error_response(error: ExporterError, request_id: str | None = None) -> web.R
 def request_id_of(request: web.Request) -> str:
     """The coordinator's request id when it is a plain token (at most 128 of `A-Za-z0-9._:-`), else a new one."""
     given = request.headers.get(REQUEST_ID_HEADER, "")
-    return given if _REQUEST_ID_RE.match(given) else uuid.uuid4().hex
+    return given if _REQUEST_ID_RE.match(given) else secrets.token_hex(16)
 
 
 async def read_body(request: web.Request, model: type[M], max_body_bytes: int) -> M:
