@@ -16,8 +16,8 @@
    before/after comparison at the same moments, on a machine whose speed moves between runs.
    `--only floor`: the same runs, alternated, with the exporter replaced by bench/floor_server.py,
    a server that batches pushes alike and does only part of the exporter's work (only parsing
-   the body; validating it into its record; also rendering and diffing it): what the 50 clients
-   could reach on this machine if the rest of the exporter cost nothing.
+   the body; validating it into its record; also rendering and diffing it), against both bare
+   writers: what the 50 clients could reach on this machine if the rest of the exporter cost nothing.
 3. Push-to-served: 1,000 new ingresses pushed by 10 closed-loop clients, one per request and 100
    per request, until Traefik routes all (targets 3 s and 1.5 s), with the etcd revisions used and
    the CPU seconds of Traefik and of the daemon in the same run.
@@ -348,28 +348,35 @@ async def report_throughput(runs: int, against: Path | None) -> None:
 
 
 async def floor(runs: int) -> None:
-    """The exporter and each floor server against the bare writer, alternated within each run; medians."""
+    """The exporter and each floor server against both bare writers, alternated within each run; medians."""
     servers: dict[str, Server] = {"exporter": start_daemon, **{work: floor_server(work) for work in WORK}}
-    measured: dict[str, list[tuple[Throughput, Throughput]]] = {name: [] for name in servers}
+    measured: dict[str, list[tuple[Throughput, Bare]]] = {name: [] for name in servers}
     for _ in range(runs):
         for name, server in servers.items():
-            (ours,), both = await throughput(servers=(server,))
-            bare = both.gateway
+            (ours,), bare = await throughput(servers=(server,))
             measured[name].append((ours, bare))
-            print(f"  run: {name} {ours.rate:.0f}/s, bare {bare.rate:.0f}/s: {ours.rate / bare.rate:.2f}x", flush=True)
+            print(f"  run: {name} {ours.rate:.0f}/s, bare gateway {bare.gateway.rate:.0f}/s: {ours.rate / bare.gateway.rate:.2f}x, "
+                  f"bare gRPC {bare.grpc.rate:.0f}/s: {ours.rate / bare.grpc.rate:.2f}x", flush=True)
 
     def us(sides: list[Throughput], cpu: Callable[[Throughput], float]) -> str:
         return f"{median([cpu(s) / s.requests for s in sides]) * 1e6:.0f}"
 
-    print("50 clients, one ingress per request, 1,000 in place; CPU per request: the server's, etcd's, the clients'")
+    print("50 clients, one ingress per request, 1,000 in place; ratios against the bare gateway and the bare gRPC writer; "
+          "CPU per request: the server's, etcd's, the clients'")
     for name, pairs in measured.items():
-        ratios, served = [o.rate / b.rate for o, b in pairs], [o for o, _ in pairs]
-        print(f"  {name:9s} {median([o.rate for o in served]):5.0f}/s against bare {median([b.rate for _, b in pairs]):5.0f}/s: "
-              f"{median(ratios):.2f}x (runs {', '.join(f'{r:.2f}' for r in ratios)}); CPU {us(served, lambda r: r.daemon_cpu)} / "
+        served = [o for o, _ in pairs]
+        gateway, grpc_ = [o.rate / b.gateway.rate for o, b in pairs], [o.rate / b.grpc.rate for o, b in pairs]
+        print(f"  {name:9s} {median([o.rate for o in served]):5.0f}/s: {median(gateway):.2f}x (runs {_runs(gateway)}), "
+              f"{median(grpc_):.2f}x (runs {_runs(grpc_)}); CPU {us(served, lambda r: r.daemon_cpu)} / "
               f"{us(served, lambda r: r.etcd_cpu)} / {us(served, lambda r: r.clients_cpu)} us")
-    bares = [b for pairs in measured.values() for _, b in pairs]
-    print(f"  the bare writer's CPU per request: etcd {us(bares, lambda r: r.etcd_cpu)} us, "
-          f"clients {us(bares, lambda r: r.clients_cpu)} us")
+    for label, bares in (("gateway", [b.gateway for pairs in measured.values() for _, b in pairs]),
+                         ("gRPC", [b.grpc for pairs in measured.values() for _, b in pairs])):
+        print(f"  the bare {label} writer: {median([b.rate for b in bares]):.0f}/s; "
+              f"CPU per request etcd {us(bares, lambda r: r.etcd_cpu)} us, clients {us(bares, lambda r: r.clients_cpu)} us")
+
+
+def _runs(ratios: list[float]) -> str:
+    return ", ".join(f"{r:.2f}" for r in ratios)
 
 
 def cpu_seconds(pid: int) -> float:
