@@ -9,8 +9,9 @@
    bare one-ingress transactions straight to etcd's gateway (the ingress's keys, its record and
    a beacon: what the exporter would write for it alone), and the same transactions sent over
    etcd's gRPC API (`grpc.aio`, one channel, requests serialized beforehand), with the CPU
-   seconds of the daemon, etcd and the clients in each. The sides take turns, one revision of
-   every ingress at a time, so the machine's drift hits all alike. Targets: >= 1.2x the bare
+   seconds of the daemon, etcd and the clients in each, and how much of the wall time the
+   daemon's main thread (the event loop, where all its Python runs) was on a CPU. The sides take
+   turns, one revision of every ingress at a time, so the machine's drift hits all alike. Targets: >= 1.2x the bare
    gateway writer and >= 0.85x the bare gRPC writer; etcd CPU per pushed ingress. `--against DIR`
    adds the daemon of another checkout (a worktree of an earlier commit) to the same slices: a
    before/after comparison at the same moments, on a machine whose speed moves between runs.
@@ -145,6 +146,7 @@ class Throughput:
     clients_cpu: float
     p99: float
     requests: int
+    main_busy: float = 0.0  # the share of the wall time the daemon's main thread was on a CPU
 
 
 def _changes(in_place: int, per_ingress: int) -> list[list[Record]]:
@@ -174,6 +176,7 @@ class _Tally:
     seconds: float = 0.0
     requests: int = 0
     daemon_cpu: float = 0.0
+    main_cpu: float = 0.0
     etcd_cpu: float = 0.0
     clients_cpu: float = 0.0
     latencies: list[float] = field(default_factory=list)
@@ -181,10 +184,12 @@ class _Tally:
     async def slice(self, clients: int, requests: list[T], send: Callable[[T], Awaitable[None]], daemon: int | None, etcd: int) -> None:
         """One closed-loop slice of `requests`, with the CPU seconds of the processes it drives."""
         before = cpu_seconds(daemon) if daemon else 0.0, cpu_seconds(etcd), time.process_time()
+        main = cpu_seconds(daemon, thread=daemon) if daemon else 0.0
         seconds, latencies = await _closed_loop(clients, requests, send)
         self.seconds += seconds
         self.requests += len(requests)
         self.daemon_cpu += (cpu_seconds(daemon) if daemon else 0.0) - before[0]
+        self.main_cpu += (cpu_seconds(daemon, thread=daemon) if daemon else 0.0) - main
         self.etcd_cpu += cpu_seconds(etcd) - before[1]
         self.clients_cpu += time.process_time() - before[2]
         self.latencies += latencies
@@ -192,7 +197,8 @@ class _Tally:
     def result(self) -> Throughput:
         """The side's figures over all its slices."""
         return Throughput(
-            self.requests / self.seconds, self.daemon_cpu, self.etcd_cpu, self.clients_cpu, pct(self.latencies, 0.99), self.requests
+            self.requests / self.seconds, self.daemon_cpu, self.etcd_cpu, self.clients_cpu, pct(self.latencies, 0.99), self.requests,
+            self.main_cpu / self.seconds,
         )
 
 
@@ -327,7 +333,8 @@ async def report_throughput(runs: int, against: Path | None) -> None:
 
     for (ours, *other), bare in results:
         print(f"  run: exporter {ours.rate:.0f}/s (p99 {ours.p99 * 1000:.0f} ms; CPU per ingress daemon {us(ours, ours.daemon_cpu)}, "
-              f"etcd {us(ours, ours.etcd_cpu)}); bare gateway {bare.gateway.rate:.0f}/s (etcd {us(bare.gateway, bare.gateway.etcd_cpu)}, "
+              f"its main thread on a CPU {ours.main_busy:.0%} of the time, etcd {us(ours, ours.etcd_cpu)}); "
+              f"bare gateway {bare.gateway.rate:.0f}/s (etcd {us(bare.gateway, bare.gateway.etcd_cpu)}, "
               f"clients {us(bare.gateway, bare.gateway.clients_cpu)}): {ours.rate / bare.gateway.rate:.2f}x; bare gRPC "
               f"{bare.grpc.rate:.0f}/s (etcd {us(bare.grpc, bare.grpc.etcd_cpu)}, clients {us(bare.grpc, bare.grpc.clients_cpu)}): "
               f"{ours.rate / bare.grpc.rate:.2f}x"
@@ -379,9 +386,10 @@ def _runs(ratios: list[float]) -> str:
     return ", ".join(f"{r:.2f}" for r in ratios)
 
 
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds a process has used so far."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+def cpu_seconds(pid: int, thread: int | None = None) -> float:
+    """User + system CPU seconds a process (or one of its threads) has used so far."""
+    stat = Path(f"/proc/{pid}/task/{thread}/stat" if thread is not None else f"/proc/{pid}/stat")
+    fields = stat.read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
