@@ -15,6 +15,9 @@
    gateway writer and >= 0.85x the bare gRPC writer; etcd CPU per pushed ingress. `--against DIR`
    adds the daemon of another checkout (a worktree of an earlier commit) to the same slices: a
    before/after comparison at the same moments, on a machine whose speed moves between runs.
+   The daemons log at WARNING unless `--log-level` says otherwise (`--against-log-level` for the
+   other checkout's; `--against .` with two levels prices the daemon's default INFO, an access
+   line per push, in the same slices).
    `--only floor`: the same runs, alternated, with the exporter replaced by bench/floor_server.py,
    a server that batches pushes alike and does only part of the exporter's work (only parsing
    the body; validating it into its record; also rendering and diffing it), against both bare
@@ -24,6 +27,7 @@
    the CPU seconds of Traefik and of the daemon in the same run.
 
 Usage: .venv/bin/python -m bench.push_api [--ingresses 10000] [--runs 3] [--only latency|throughput|floor|served] [--against DIR]
+       [--log-level LEVEL] [--against-log-level LEVEL]
 """
 
 from __future__ import annotations
@@ -314,18 +318,20 @@ def _started(stack: contextlib.ExitStack, server: Server, etcd_url: str, work: P
     return proc, base
 
 
-def checkout(path: Path) -> Server:
-    """Starts the daemon from another checkout (its package first on the child's PYTHONPATH)."""
+def checkout(path: Path | None, log_level: str) -> Server:
+    """Starts the daemon logging at `log_level`; from the checkout `path` when given (first on the child's PYTHONPATH)."""
 
     def start(etcd_url: str, work: Path) -> tuple[subprocess.Popen[bytes], str, str]:
-        return start_daemon(etcd_url, work, PYTHONPATH=str(path.resolve()))
+        env = {"PYTHONPATH": str(path.resolve())} if path is not None else {}
+        return start_daemon(etcd_url, work, EXPORTER_LOG__LEVEL=log_level, **env)
 
     return start
 
 
-async def report_throughput(runs: int, against: Path | None) -> None:
+async def report_throughput(runs: int, against: Path | None, log_level: str, against_log_level: str) -> None:
     """The exporter (and the daemon of the checkout `against`, in the same slices) against both bare writers: each run, medians."""
-    servers = (start_daemon,) if against is None else (start_daemon, checkout(against))
+    this = checkout(None, log_level)
+    servers = (this,) if against is None else (this, checkout(against, against_log_level))
     results = [await throughput(servers=servers) for _ in range(runs)]
 
     def us(side: Throughput, cpu: float) -> str:
@@ -442,6 +448,9 @@ async def main() -> None:
     parser.add_argument("--ingresses", type=int, default=10_000)
     parser.add_argument("--only", choices=["latency", "throughput", "floor", "served"], help="run one part only")
     parser.add_argument("--against", type=Path, help="throughput: also the daemon of this checkout, in the same slices")
+    parser.add_argument("--log-level", default="WARNING",
+                        help="throughput: the daemon's log.level (default WARNING; the daemon's own default is INFO)")
+    parser.add_argument("--against-log-level", help="throughput: the log.level of the --against daemon (default: --log-level)")
     args = parser.parse_args()
 
     for in_place in (10, args.ingresses) if args.only in (None, "latency") else ():
@@ -455,7 +464,7 @@ async def main() -> None:
               f"(p99/rtt {relay99 / rtt:.1f}); exporter p99 / relay p99 {p99 / relay99:.1f}")
 
     if args.only in (None, "throughput"):
-        await report_throughput(args.runs, args.against)
+        await report_throughput(args.runs, args.against, args.log_level, args.against_log_level or args.log_level)
     if args.only == "floor":
         await floor(args.runs)
 

@@ -11,6 +11,7 @@ import json
 import sys
 from typing import Any
 
+import orjson
 from loguru import logger
 
 from .config import LogSettings
@@ -27,7 +28,13 @@ def _json_sink(message: Any) -> None:
     }
     if record["exception"] is not None:
         line["exception"] = f"{record['exception'].type.__name__}: {record['exception'].value}"
-    sys.stderr.write(json.dumps(line, default=str) + "\n")
+    try:
+        text = orjson.dumps(line, default=str, option=orjson.OPT_APPEND_NEWLINE | orjson.OPT_NON_STR_KEYS).decode()
+    except TypeError:
+        # What orjson refuses and the standard library writes (a file name's undecodable bytes
+        # as surrogates, an integer past 64 bits): the line is kept either way.
+        text = json.dumps(line, default=str) + "\n"
+    sys.stderr.write(text)
 
 
 def setup_logging(settings: LogSettings) -> None:
@@ -35,7 +42,9 @@ def setup_logging(settings: LogSettings) -> None:
     logger.remove()
     as_json = settings.format == "json" or (settings.format == "auto" and not sys.stderr.isatty())
     if as_json:
-        logger.add(_json_sink, level=settings.level.upper(), backtrace=False, diagnose=False)
+        # The sink builds its line from the record: "{message}" spares loguru formatting a
+        # default line (time, level, caller) for every record that is never written.
+        logger.add(_json_sink, level=settings.level.upper(), format="{message}", backtrace=False, diagnose=False)
     else:
         logger.add(
             sys.stderr,
