@@ -39,6 +39,11 @@ T = TypeVar("T")
 AUTHORITY = "test"
 
 
+async def holds(value: bool) -> bool:
+    """`value` as an awaitable: `eventually(lambda: holds(cond()))` polls a plain condition."""
+    return value
+
+
 async def eventually(check: Callable[[], Awaitable[T | None]], timeout: float = 15.0, interval: float = 0.05) -> T:
     """Poll `check` until it returns a truthy value without raising; fail with its last error."""
     deadline = time.monotonic() + timeout

@@ -40,7 +40,7 @@ from exporter.keys import OWNER_KEY
 from exporter.render.root_keys import OWNER_VALUE
 from tests.conftest import ROOT, settings_for
 from tests.deploy.prometheus_package import debian_binary
-from tests.helpers import AUTHORITY, REPO, Backend, eventually, get_via, serve_all_paths, serves, tls_backend_context, uid
+from tests.helpers import AUTHORITY, REPO, Backend, eventually, get_via, holds, serve_all_paths, serves, tls_backend_context, uid
 from tests.redis_server import RedisServer, start_redis
 
 pytestmark = pytest.mark.integration
@@ -251,7 +251,7 @@ class Steps:
         if self.started:
             ended = time.time()
             scraped = await eventually(lambda: self._scraped_after(ended), timeout=30, interval=0.1)
-            await eventually(lambda: _true(time.time() > scraped + EVALUATION + RESOLUTION), interval=0.05)
+            await eventually(lambda: holds(time.time() > scraped + EVALUATION + RESOLUTION), interval=0.05)
         self.started.append((time.time(), name))
 
     async def _scraped_after(self, at: float) -> float | None:
@@ -261,10 +261,6 @@ class Steps:
     def at(self, when: float) -> str:
         """The step in progress at `when`."""
         return next((name for began, name in reversed(self.started) if began <= when), "start-up")
-
-
-async def _true(value: bool) -> bool:
-    return value
 
 
 async def test_every_panel_returns_data_and_the_scenario_raises_its_alerts_and_no_other(

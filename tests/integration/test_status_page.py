@@ -26,7 +26,7 @@ from exporter.daemon import Daemon
 from exporter.embedded import EmbeddedEtcd, EmbeddedTraefik, free_port
 from exporter.etcd.client import EtcdClient
 from tests.conftest import API_TOKEN, ROOT, settings_for
-from tests.helpers import AUTHORITY, Backend, eventually, uid
+from tests.helpers import AUTHORITY, Backend, eventually, holds, uid
 
 pytestmark = pytest.mark.integration
 CHROMIUM, DRIVER = shutil.which("chromium"), shutil.which("chromedriver")
@@ -64,7 +64,7 @@ async def daemon(etcd: EmbeddedEtcd, traefik: EmbeddedTraefik) -> AsyncIterator[
     await running.parts.reconciler.wait_synced(30)
     leadership = running.parts.leadership
     assert leadership is not None
-    await eventually(lambda: _true(leadership.is_leader()), 30)  # the page's first test reads its role
+    await eventually(lambda: holds(leadership.is_leader()), 30)  # the page's first test reads its role
     yield running
     await running.stop()
 
@@ -120,10 +120,10 @@ class Page:
             except (StaleElementReferenceException, NoSuchElementException):
                 return False  # replaced by a live update, or not rendered yet: look again
 
-        async def holds() -> bool:
+        async def shown() -> bool:
             return await self.run(safe)
 
-        await eventually(holds, timeout=timeout, interval=0.1)
+        await eventually(shown, timeout=timeout, interval=0.1)
         return time.monotonic() - started
 
 
@@ -230,8 +230,3 @@ async def test_the_search_box_finds_an_ingress_by_host_among_10000(page: Page) -
     assert keys == [f"{authority}/i7345"]
     assert await page.run(lambda: page.text('#ingresses [data-field="total"]')) == str(len(page.daemon.parts.reconciler.records))
     await page.shot("search")
-
-
-async def _true(value: bool) -> bool:
-    return value
-

@@ -23,7 +23,7 @@ from exporter.keys import IngressRef
 from exporter.metrics import Metrics
 from exporter.supervisor import Supervisor
 from tests.conftest import settings_for
-from tests.helpers import eventually, uid
+from tests.helpers import eventually, holds, uid
 
 
 @pytest.fixture
@@ -36,10 +36,6 @@ def logged() -> Iterator[list[str]]:
 
 def _restarts(supervisor: Supervisor, group: str) -> float:
     return supervisor.metrics.value("exporter_task_restarts_total", {"task": group})
-
-
-async def _true(value: bool) -> bool:
-    return value
 
 
 async def test_a_crash_is_logged_with_its_traceback_counted_and_restarted(logged: list[str]) -> None:
@@ -80,12 +76,12 @@ async def test_a_task_that_keeps_failing_is_named_until_a_run_lasts() -> None:
         await asyncio.Event().wait()
 
     task = supervisor.spawn("failing", failing, group="checks")
-    await eventually(lambda: _true(_restarts(supervisor, "checks") >= 3))
+    await eventually(lambda: holds(_restarts(supervisor, "checks") >= 3))
     [reason] = supervisor.readiness()
     assert reason.startswith("task failing keeps failing (") and reason.endswith(" crashes in a row): ValueError: still broken")
     broken = False
     # Runs again: still named until the run has lasted `healthy_run`, then no longer.
-    await eventually(lambda: _true(supervisor.readiness() == []), timeout=5)
+    await eventually(lambda: holds(supervisor.readiness() == []), timeout=5)
     assert not task.done()
     task.cancel()
     await asyncio.gather(task, return_exceptions=True)
@@ -154,7 +150,7 @@ async def test_a_plugin_probe_that_raises_is_a_failed_probe_and_checking_goes_on
     engine.update(ref, ingress)
     await engine.start()
     try:
-        await eventually(lambda: _true(kind.calls >= 4))
+        await eventually(lambda: holds(kind.calls >= 4))
         node = engine.node(ref, url)
         assert node is not None and node.state == State.UNHEALTHY and node.counter()["http_failure"] >= 2
         assert url in engine.ejected(ref, ingress)
@@ -163,7 +159,7 @@ async def test_a_plugin_probe_that_raises_is_a_failed_probe_and_checking_goes_on
         raised = [line for line in logged if "plugin raising raised probing" in line]
         assert len(raised) == 1 and "KeyError" in raised[0] and "Traceback" in raised[0]
         kind.fixed = True
-        await eventually(lambda: _true(url not in engine.ejected(ref, ingress)))
+        await eventually(lambda: holds(url not in engine.ejected(ref, ingress)))
         assert any("plugin raising probes" in line and "again" in line for line in logged)
     finally:
         await engine.stop()

@@ -22,15 +22,15 @@ def stderr(capsys: Stderr) -> Iterator[Stderr]:
     logger.remove()
 
 
-def _lines(captured: Stderr) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in captured.readouterr().err.splitlines()]
+def _lines(err: str) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in err.splitlines()]
 
 
 def test_a_line_carries_time_level_message_module_and_the_bound_fields(stderr: Stderr) -> None:
     with logger.contextualize(request_id="r1"):
         logger.bind(route="/v2/ingress/upsert", status=204).info("push {} {}", "POST", 204)
     logger.debug("below the level")
-    [line] = _lines(stderr)
+    [line] = _lines(stderr.readouterr().err)
     assert line["level"] == "INFO" and line["message"] == "push POST 204" and line["module"] == __name__
     assert (line["request_id"], line["route"], line["status"]) == ("r1", "/v2/ingress/upsert", 204)
     assert "T" in line["time"]
@@ -40,7 +40,7 @@ def test_values_the_fast_encoder_refuses_are_still_written(stderr: Stderr) -> No
     undecodable = b"ingress-\xff.json".decode(errors="surrogateescape")
     logger.bind(path=undecodable).warning("cannot read {}", undecodable)
     logger.bind(revision=2**70, counts={1: "one"}).info("big")
-    first, second = _lines(stderr)
+    first, second = _lines(stderr.readouterr().err)
     assert first["level"] == "WARNING" and first["message"].startswith("cannot read ingress-")
     assert second["revision"] == 2**70 and second["counts"] == {"1": "one"}
 
@@ -51,5 +51,5 @@ def test_an_exception_is_named_by_its_type_and_value_without_a_traceback(stderr:
     except ValueError:
         logger.exception("failed")
     err = stderr.readouterr().err
-    [line] = [json.loads(text) for text in err.splitlines()]
+    [line] = _lines(err)
     assert line["exception"] == "ValueError: bad value" and "Traceback" not in err
