@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import AsyncIterator, Callable, Sequence
 
+from exporter.etcd.store import EtcdStore
 from exporter.etcd.types import Compare
 from exporter.keys import IngressRef, KeyLayout
 from exporter.plan.planner import Planner
@@ -38,7 +39,7 @@ class Leader:
 
 @contextlib.asynccontextmanager
 async def running(
-    etcd: FakeEtcd, *, leader: Leader | None = None, ejections: Ejections | None = None, renderer: Renderer | None = None,
+    etcd: EtcdStore, *, leader: Leader | None = None, ejections: Ejections | None = None, renderer: Renderer | None = None,
     behind: Callable[[str], bool] | None = None, pace_hold_max: float = 30.0, built: Callable[[Reconciler], None] | None = None,
     coalesce_window: float = 0.0,
 ) -> AsyncIterator[Reconciler]:

@@ -129,7 +129,8 @@ class WriterSettings(_Section):
     reconcile_interval: float = Field(default=30.0, gt=0, description="seconds between full reconciles")
     max_in_flight: int = Field(default=8, ge=1, le=64, description="transactions in flight at once")
     tombstone_ttl: float = Field(
-        default=86400.0, ge=0, description="seconds a removed ingress's tombstone refuses older upserts"
+        default=86400.0, ge=0,
+        description="seconds a removed ingress's tombstone refuses upserts at or below its revision, counted from the newest remove",
     )
     pace_hold_max: float = Field(
         default=30.0, gt=0, le=3600,

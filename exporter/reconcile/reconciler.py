@@ -25,8 +25,8 @@ from ..plan.plan import Plan
 from ..plan.planner import Planner
 from ..roles import Admission, AdmitAll, AlwaysLeader, Ejections, LeaderPolicy, NoEjections
 from ..store.observed import Observed
-from ..store.records import Record, RecordStore, Removal
-from ..store.revisions import classify_remove, classify_upsert
+from ..store.records import Record, RecordStore, Removal, tombstone
+from ..store.revisions import classify_upsert, tombstone_revision
 from ..supervisor import Supervisor
 from ..write.ledger import CommitLedger
 from ..write.pacer import Pacer
@@ -178,9 +178,13 @@ class Reconciler:
             changes.append((upsert.key, stored if noop and stored is not None else upsert))
         for removal in removes:
             stored = self._intents.desired(removal.ref)
-            if stored is not None and classify_remove(stored, *removal.ref, removal.revision) == "apply":
-                revision = removal.revision if removal.revision is not None else stored.revision
-                changes.append((removal.ref, stored.removal(revision, time.time())))
+            revision = tombstone_revision(stored, *removal.ref, removal.revision)
+            if revision is not None:
+                source = stored.source if stored is not None else "api"
+                changes.append((removal.ref, tombstone(removal.ref, revision, time.time(), source)))
+            elif stored is not None:
+                # A retry of a removal: answered once the tombstone it repeats is committed (it may be pending).
+                changes.append((removal.ref, stored))
         return changes
 
     @property

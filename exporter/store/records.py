@@ -4,9 +4,10 @@ A record is stored at `<records_prefix>/<authority>/<id>` as JSON, with (or, whe
 ingress is split over several transactions, before) the keys it renders to, as the commit
 ledger's rule says (write/ledger.py), so a restart or a second replica rebuilds the full
 state from etcd. A removed ingress leaves a tombstone record (`removed`, with the removal's revision and
-time): an upsert older than the removal is refused instead of resurrecting it, and a removal
-split over several transactions is finished after a restart, not undone. Tombstones are
-dropped after `writer.tombstone_ttl`.
+time): an upsert at or below the removal's revision is refused instead of resurrecting it, and a
+removal split over several transactions is finished after a restart, not undone. A tombstone
+holds only the ingress's authority, id and revision (nothing renders it), so a remove of an
+ingress never stored costs one small record. Tombstones are dropped after `writer.tombstone_ttl`.
 """
 
 from __future__ import annotations
@@ -15,12 +16,13 @@ import functools
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ..errors import RecordDecodeError
 from ..ingress import Ingress, field_errors
-from ..ingress.values import STORED
+from ..ingress.values import STORED, Authority, DnsLabel
 from ..keys import IngressRef
 
 # Told of every committed change of a live record (None: it is gone).
@@ -49,7 +51,8 @@ class Record:
 
     Only the stored JSON is kept (the ingress's canonical JSON is its tail): the store and the
     mirror of etcd share that one string per ingress, after the models the largest thing
-    either holds.
+    either holds. A tombstone's ingress carries its authority, id and revision only (made by
+    `tombstone`; its upstream is unset): only its key and revision are ever read.
     """
 
     ingress: Ingress
@@ -80,8 +83,29 @@ class Record:
 
     def removal(self, revision: int, now: float) -> Record:
         """The tombstone left when this ingress is removed at `revision`."""
-        ingress = self.ingress.model_copy(update={"revision": revision})
-        return Record(ingress, stored_value(ingress.model_dump_json(), self.source, True, now), self.source, True, now)
+        return tombstone(self.key, revision, now, self.source)
+
+
+class _Removed(BaseModel):
+    """What a tombstone keeps of its ingress (a tombstone written with the whole ingress reads the same)."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True, strict=True)
+
+    authority: Authority
+    id: DnsLabel
+    revision: int = Field(ge=0)
+
+
+def tombstone(ref: IngressRef, revision: int, now: float, source: str = "api") -> Record:
+    """The record of `ref` removed at the coordinator's `revision` at time `now`, whether or not it was ever stored."""
+    kept = _Removed(authority=ref.authority, id=ref.id, revision=revision)
+    return Record(_tombstone_ingress(kept), stored_value(kept.model_dump_json(), source, True, now), source, True, now)
+
+
+def _tombstone_ingress(kept: _Removed) -> Ingress:
+    # Nothing renders a tombstone: its ingress is built without the fields a live one requires.
+    fields: dict[str, Any] = kept.model_dump()
+    return Ingress.model_construct(**fields)
 
 
 def supersedes(revision: int, removal: bool, other: Record) -> bool:
@@ -97,15 +121,18 @@ def decode_record(value: str) -> Record:
     """Parse a stored record value."""
     try:
         data = json.loads(value)
+        source, removed, removed_at = str(data.get("source", "api")), bool(data.get("removed", False)), float(data.get("removed_at", 0.0))
+        if removed:
+            # Kept as read: a tombstone written with its whole ingress (as earlier versions did) is not rewritten.
+            return Record(_tombstone_ingress(_Removed.model_validate(data["ingress"])), value, source, True, removed_at)
         ingress = Ingress.model_validate(data["ingress"], context=STORED)
     except ValidationError as exc:
         raise RecordDecodeError(f"stored ingress does not validate: {field_errors(exc)}") from None
     except (ValueError, KeyError, TypeError) as exc:
         raise RecordDecodeError(f"stored record is not exporter JSON: {type(exc).__name__}") from None
-    source, removed, removed_at = str(data.get("source", "api")), bool(data.get("removed", False)), float(data.get("removed_at", 0.0))
-    canonical = stored_value(ingress.model_dump_json(), source, removed, removed_at)
+    canonical = stored_value(ingress.model_dump_json(), source)
     # The text read is kept when it is what this exporter writes: the mirror holds that same string.
-    return Record(ingress, value if value == canonical else canonical, source, removed, removed_at)
+    return Record(ingress, value if value == canonical else canonical, source)
 
 
 @dataclass(frozen=True)

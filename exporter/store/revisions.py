@@ -27,16 +27,22 @@ def classify_upsert(stored: Record | None, incoming: Record) -> Literal["noop", 
     )
 
 
-def classify_remove(stored: Record | None, authority: str, ingress_id: str, revision: int | None) -> Literal["noop", "apply"]:
-    """`noop` for an unknown or already removed ingress; raise when the remove is older than what is stored.
+def tombstone_revision(stored: Record | None, authority: str, ingress_id: str, revision: int | None) -> int | None:
+    """The revision of the tombstone a remove commits; None for a no-op; raise when a live record is newer.
 
-    A remove without a revision removes whatever is stored.
+    A remove that supersedes what is stored (nothing stored counts as older than any remove)
+    commits a tombstone at its revision, so an acknowledged remove at R refuses every later
+    upsert at or below R; one at or below a stored tombstone's revision is a retry. A remove
+    without a revision removes whatever is stored, at its revision (nothing stored, or a
+    tombstone: a no-op).
     """
-    if stored is None or stored.removed:
-        return "noop"
-    if revision is not None and not supersedes(revision, True, stored):
-        raise StaleRevisionError(
-            f"ingress {authority}/{ingress_id}: remove at revision {revision} is older than the stored {stored.revision}",
-            {"authority": authority, "id": ingress_id, "stored_revision": stored.revision},
-        )
-    return "apply"
+    if revision is None:
+        return None if stored is None or stored.removed else stored.revision
+    if stored is None or supersedes(revision, True, stored):
+        return revision
+    if stored.removed:
+        return None
+    raise StaleRevisionError(
+        f"ingress {authority}/{ingress_id}: remove at revision {revision} is older than the stored {stored.revision}",
+        {"authority": authority, "id": ingress_id, "stored_revision": stored.revision},
+    )

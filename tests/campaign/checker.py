@@ -5,11 +5,14 @@ etcd history of the records and of one root, and what it saw at the end (each ro
 what each Traefik served, each sidecar's readiness and leadership, RSS samples). Each rule is
 a sentence, and a violation names the ingress and the slice of the history that breaks it:
 
-1. Nothing acknowledged is lost, nothing older wins: every upsert answered 204 is stored with a
-   revision at least its own, at the end and already before any request sent after its answer
-   was stored (a 204 means durable, not merely queued); the final revision of every ingress is the highest one acknowledged
-   for it, or that of a request that got no definite answer (a timeout, a 5xx: it may have
-   committed); a live record was written by an upsert of its revision, a tombstone by a remove.
+1. Nothing acknowledged is lost, nothing older wins: every upsert and every remove with a revision
+   answered 204 is stored with a revision at least its own, at the end and already before any
+   request sent after its answer was stored (a 204 means durable, not merely queued: an
+   acknowledged remove at R refuses every later upsert at or below R); the final revision of every
+   ingress is the highest one acknowledged for it, or that of a request that got no definite
+   answer (a timeout, a 5xx: it may have committed); an ingress whose highest acknowledged change
+   is a remove is removed at its revision (a remove wins a tie); a live record was written by an
+   upsert of its revision, a tombstone by a remove.
    Every request carries a revision of its own, so a stored revision names its request.
 2. No 409 without cause: a stale-revision answer for revision r of an ingress came after some
    other request with a revision >= r for it had been sent, one that etcd stored at some point,
@@ -130,17 +133,20 @@ def acknowledged_kept(requests: Sequence[Request], final: Mapping[str, Stored]) 
     for ingress, mine in sorted(_by_ingress(requests).items()):
         acked = [r for r in mine if r.status == 204 and r.revision is not None]
         stored = final.get(ingress)
-        upserts = [r for r in acked if r.op == "upsert"]
         if stored is None:
-            if upserts:
-                out.append(Violation(1, ingress, f"revision {max(r.revision or 0 for r in upserts)} acknowledged, "
-                                                 f"nothing stored: {_slice(upserts)}"))
+            if acked:
+                out.append(Violation(1, ingress, f"revision {max(r.revision or 0 for r in acked)} acknowledged, "
+                                                 f"nothing stored: {_slice(acked)}"))
             continue
-        lost = [r for r in upserts if stored.revision < (r.revision or 0)]
+        lost = [r for r in acked if stored.revision < (r.revision or 0)]
         if lost:
-            out.append(Violation(1, ingress, f"upserts acknowledged and lost, stored {stored.revision}: {_slice(lost)}"))
+            out.append(Violation(1, ingress, f"changes acknowledged and lost, stored {stored.revision}: {_slice(lost)}"))
         writers = [r for r in mine if r.revision == stored.revision]
         highest = max((r.revision or 0 for r in acked), default=0)
+        removed_last = [r for r in acked if r.op == "remove" and r.revision == highest]
+        if removed_last and stored.revision == highest and not stored.removed:
+            detail = f"live at revision {highest}, which an acknowledged remove removed: {_slice(removed_last)}"
+            out.append(Violation(1, ingress, detail))
         if stored.revision > highest and all(definite(r.status) for r in writers):
             detail = f"stored revision {stored.revision} above the highest acknowledged {highest}, " \
                      f"and every request of it was answered: {_slice(writers)}"
@@ -157,9 +163,9 @@ def acknowledged_kept(requests: Sequence[Request], final: Mapping[str, Stored]) 
 def durable_when_answered(
     requests: Sequence[Request], events: Sequence[tuple[int, dict[str, str | None]]], records_prefix: str
 ) -> list[Violation]:
-    """Rule 1, in the history: an upsert of revision r answered 204 at time t was durable at t, so
-    etcd held a record of revision >= r before it first stored any revision that only requests
-    sent after t carried."""
+    """Rule 1, in the history: an upsert or a remove of revision r answered 204 at time t was durable
+    at t, so etcd held a record of revision >= r before it first stored any revision that only
+    requests sent after t carried (an older upsert sent after an acknowledged remove never wins)."""
     first_stored: dict[str, dict[int, int]] = defaultdict(dict)  # ingress -> record revision -> first etcd revision
     highest_by: dict[str, list[tuple[int, int]]] = defaultdict(list)  # ingress -> (etcd revision, highest record revision so far)
     for etcd_revision, changes in events:
@@ -177,13 +183,13 @@ def durable_when_answered(
             first_sent[request.revision or 0] = min(first_sent.get(request.revision or 0, request.invoked), request.invoked)
         stored = first_stored.get(ingress, {})
         so_far = highest_by.get(ingress, [])
-        for acked in (r for r in mine if r.op == "upsert" and r.status == 204):
+        for acked in (r for r in mine if r.status == 204):
             later = [stored[q] for q, sent in first_sent.items() if sent > acked.completed and q in stored]
             if not later:
                 continue
             before = bisect.bisect_left(so_far, (min(later), -1))
             if before == 0 or so_far[before - 1][1] < (acked.revision or 0):
-                detail = (f"upsert of revision {acked.revision} answered 204 at {acked.completed:.3f}, but etcd stored no revision "
+                detail = (f"{acked.op} of revision {acked.revision} answered 204 at {acked.completed:.3f}, but etcd stored no revision "
                           f">= it before etcd revision {min(later)}, written by a request sent after that answer")
                 out.append(Violation(1, ingress, detail))
     return out

@@ -26,7 +26,7 @@ from exporter.errors import StaleRevisionError
 from exporter.plan.plan import Change
 from exporter.reconcile import Reconciler
 from exporter.store.records import Record, Removal
-from exporter.store.revisions import classify_upsert
+from exporter.store.revisions import classify_upsert, tombstone_revision
 from exporter.store.shared import SharedIndex
 
 
@@ -75,6 +75,18 @@ def refuse_newer() -> None:
         return verdict
 
     _patch(exporter.reconcile.reconciler, "classify_upsert", refusing)
+
+
+def remove_noop_over_tombstone() -> None:
+    """Answers a remove of an unknown or removed ingress as a no-op, whatever its revision: an older
+    upsert sent after it brings the ingress back (rule 1)."""
+
+    def noop(stored: Record | None, authority: str, ingress_id: str, revision: int | None) -> int | None:
+        if stored is None or stored.removed:
+            return None
+        return tombstone_revision(stored, authority, ingress_id, revision)
+
+    _patch(exporter.reconcile.reconciler, "tombstone_revision", noop)
 
 
 def services_before_routers() -> None:
@@ -149,6 +161,7 @@ DEFECTS: dict[str, Callable[[], Any]] = {
     "ack-without-commit": ack_without_commit,
     "no-revision-check": no_revision_check,
     "refuse-newer": refuse_newer,
+    "remove-noop-over-tombstone": remove_noop_over_tombstone,
     "services-before-routers": services_before_routers,
     "keeps-keys": keeps_keys,
     "deletes-shared-in-use": deletes_shared_in_use,

@@ -121,6 +121,36 @@ def test_a_409_for_a_call_of_several_ingresses_needs_one_cause_among_them() -> N
     assert rules(history) == [2]
 
 
+def remove(revision: int, status: int = 204, at: float = 0.0, client: str = "a") -> Request:
+    return Request(client, "remove", "c/x", revision, at, at + 0.01, status)
+
+
+def test_an_older_upsert_after_an_acknowledged_remove_breaks_rule_1() -> None:
+    # Removed at 3; a remove at 5 answered 204 without writing (a no-op over the tombstone); an
+    # upsert of 4 sent after it brings the ingress back: both the end state and the history show it.
+    history = clean()
+    history.requests += [remove(3, at=4), remove(5, at=5), upsert(4, at=6)]
+    history.etcd += [(4, {f"{RECORDS}/c/x": record(3)}), (5, {f"{RECORDS}/c/x": record(4)})]
+    history.final["c/x"] = Stored(4, bodies=frozenset({"b1"}))
+    found = check(history)
+    assert {v.rule for v in found} == {1}
+    assert any("changes acknowledged and lost, stored 4: a remove rev 5" in str(v) for v in found)
+    assert any("remove of revision 5 answered 204" in str(v) for v in found)
+    # The promise kept: the remove at 5 left its tombstone, and the upsert of 4 was refused.
+    history.requests[-1] = Request("a", "upsert", "c/x", 4, 6, 6.01, 409, refused_by=5)
+    history.etcd[-1] = (5, {f"{RECORDS}/c/x": record(5)})
+    history.final["c/x"] = Stored(5, removed=True)
+    history.served = {"traefik-a": {"x.test": (404, "")}}
+    assert check(history) == []
+
+
+def test_a_live_record_at_the_revision_of_an_acknowledged_remove_breaks_rule_1() -> None:
+    history = clean()
+    history.requests += [upsert(3, status=0, at=4), remove(3, at=5)]  # the upsert timed out; the remove won the tie
+    history.final["c/x"] = Stored(3, bodies=frozenset({"b1"}))
+    assert any("live at revision 3, which an acknowledged remove removed" in str(v) for v in check(history))
+
+
 def test_a_tombstone_no_remove_asked_for_breaks_rule_1() -> None:
     history = clean()
     history.final["c/x"] = Stored(2, removed=True)

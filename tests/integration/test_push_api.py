@@ -143,16 +143,21 @@ async def test_stale_and_conflicting_revisions_are_409_and_write_nothing(api: Ap
     assert (await api.upsert(ing(iid, revision=6, path_prefix="/other")))[0] == 204
 
 
-async def test_remove_is_204_and_safe_to_retry_and_unknown_is_a_no_op(api: Api, etcd_client: EtcdClient) -> None:
-    iid = uid()
+async def test_remove_is_204_and_safe_to_retry_and_an_unknown_one_leaves_a_tombstone(api: Api, etcd_client: EtcdClient) -> None:
+    iid, unknown = uid(), uid()
     assert (await api.upsert(ing(iid, revision=2)))[0] == 204
     assert await api.remove((iid, 2)) == (204, None)
     assert await etcd_client.get(f"{ROOT}/http/routers/{AUTHORITY}_{iid}/rule") is None
     before = await written(etcd_client, iid)
     assert await api.remove((iid, 2)) == (204, None)
-    assert await api.remove((uid(), 1)) == (204, None)
+    assert await api.remove((iid, 1)) == (204, None)
     assert await written(etcd_client, iid) == before
     assert iid not in await api.stored()
+    # An ingress never stored: one small record, nothing under the root.
+    assert await api.remove((unknown, 1)) == (204, None)
+    tomb = await etcd_client.get(f"{API_RECORDS}/{AUTHORITY}/{unknown}")
+    assert tomb is not None and json.loads(tomb.value)["ingress"] == {"authority": AUTHORITY, "id": unknown, "revision": 1}
+    assert [key for key in await written(etcd_client, unknown) if key.startswith(f"{ROOT}/")] == []
 
 
 async def test_get_lists_every_ingress_and_filters_by_authority(api: Api) -> None:
@@ -429,6 +434,36 @@ async def test_an_upsert_older_than_a_removal_cannot_resurrect_the_ingress(api: 
     assert await api.remove((iid, 2)) == (204, None)  # already removed: no-op
     assert (await api.upsert(ing(iid, revision=5)))[0] == 204
     assert (await api.stored())[iid] == 5
+
+
+async def test_an_acknowledged_remove_refuses_every_older_upsert_after_it(
+    api: Api, etcd_client: EtcdClient, traefik: EmbeddedTraefik, http: aiohttp.ClientSession, backends: list[Backend]
+) -> None:
+    # A coordinator's sequence, one request at a time: a remove newer than a tombstone moves the
+    # tombstone up, so a straggling upsert between the two removes is refused and never served.
+    backends.append(await Backend("tomb").start())
+    upstream = {"servers": [{"url": backends[-1].url}]}
+    iid = uid()
+    assert (await api.upsert(ing(iid, revision=1, upstream=upstream)))[0] == 204
+    await eventually(lambda: serves(http, traefik.url("web"), f"{iid}.test", body="tomb"))
+    assert await api.remove((iid, 2)) == (204, None)
+    assert await api.remove((iid, 4)) == (204, None)
+    before = await written(etcd_client, iid)
+    status, body = await api.upsert(ing(iid, revision=3, upstream=upstream))
+    assert status == 409 and body["data"]["stored_revision"] == 4
+    assert await written(etcd_client, iid) == before
+    await eventually(lambda: serves(http, traefik.url("web"), f"{iid}.test", status=404))
+    assert (await api.upsert(ing(iid, revision=5, upstream=upstream)))[0] == 204
+    await eventually(lambda: serves(http, traefik.url("web"), f"{iid}.test", body="tomb"))
+    # The same for an ingress this sidecar never had.
+    never = uid()
+    assert await api.remove((never, 3)) == (204, None)
+    before = await written(etcd_client, never)
+    status, body = await api.upsert(ing(never, revision=2, upstream=upstream))
+    assert status == 409 and body["data"]["stored_revision"] == 3
+    assert await written(etcd_client, never) == before
+    assert (await api.upsert(ing(never, revision=5, upstream=upstream)))[0] == 204
+    await eventually(lambda: serves(http, traefik.url("web"), f"{never}.test", body="tomb"))
 
 
 async def test_tombstones_expire_after_their_ttl(etcd: EmbeddedEtcd) -> None:

@@ -215,7 +215,7 @@ def test_an_oversized_removal_is_split_with_the_tombstone_first() -> None:
 
 def test_a_tombstone_refuses_older_upserts_and_accepts_newer() -> None:
     from exporter.errors import StaleRevisionError
-    from exporter.store.revisions import classify_remove, classify_upsert
+    from exporter.store.revisions import classify_upsert, tombstone_revision
 
     rec = record("llama", revision=3, upstream=UP)
     tombstone = rec.removal(5, 1000.0)
@@ -228,7 +228,7 @@ def test_a_tombstone_refuses_older_upserts_and_accepts_newer() -> None:
         else:
             raise AssertionError("a stale upsert after a removal was accepted")
     assert classify_upsert(tombstone, record("llama", revision=6, upstream=UP)) == "apply"
-    assert classify_remove(tombstone, "test", "llama", 1) == "noop"
+    assert tombstone_revision(tombstone, "test", "llama", 1) is None
     assert decode_record(tombstone.value) == tombstone
 
 

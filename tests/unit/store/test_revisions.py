@@ -1,4 +1,9 @@
-"""The one revision order: `supersedes`, and every rule that decides by it agreeing with it."""
+"""The one revision order: `supersedes`, every rule that decides by it, and the reconciler's answers.
+
+The table holds, for what is stored (nothing, a live record of 5, a tombstone of 5) and a request
+(an upsert, a remove) at 4, 5 or 6, the answer and what etcd holds afterwards; each row is also
+derived from `supersedes` alone, so the table and the rule cannot drift apart.
+"""
 
 from __future__ import annotations
 
@@ -7,12 +12,16 @@ import itertools
 import pytest
 
 from exporter.errors import StaleRevisionError
+from exporter.keys import IngressRef
 from exporter.reconcile.intents import peer_verdict
-from exporter.store.records import Record, RecordStore, supersedes
-from exporter.store.revisions import classify_remove, classify_upsert
-from tests.helpers import AUTHORITY, record
+from exporter.store.records import Record, RecordStore, Removal, decode_record, supersedes, tombstone
+from exporter.store.revisions import classify_upsert, tombstone_revision
+from tests.fake_etcd import FakeEtcd
+from tests.fake_reconciler import LAYOUT, elected_etcd, running
+from tests.helpers import AUTHORITY, record, uid
 
 UP = {"servers": [{"url": "http://10.0.0.5:8000"}]}
+R = 5
 
 
 def at(revision: int, removed: bool, path: str = "/") -> Record:
@@ -34,13 +43,13 @@ def test_requests_peers_and_the_store_follow_the_one_order(revision: int, remove
     stored, change = at(other, other_removed), at(revision, removed, path="/new")
     wins = supersedes(revision, removed, stored)
     verdict: str
-    # A request: applied when it wins (a removal of what is gone already is a no-op), refused otherwise.
+    # A request: applied when it wins (a removal at or below a tombstone's revision is a retry), refused otherwise.
     if removed:
         try:
-            verdict = classify_remove(stored, AUTHORITY, "rev", revision)
+            verdict = "noop" if tombstone_revision(stored, AUTHORITY, "rev", revision) is None else "apply"
         except StaleRevisionError:
             verdict = "stale"
-        assert verdict == ("noop" if other_removed else "apply" if wins else "stale")
+        assert verdict == ("apply" if wins else "noop" if other_removed else "stale")
     else:
         try:
             verdict = classify_upsert(stored, change)
@@ -56,3 +65,93 @@ def test_requests_peers_and_the_store_follow_the_one_order(revision: int, remove
     store.set(stored.key, stored)
     store.committed(change.key, change)
     assert store.latest(change.key) is (stored if supersedes(other, other_removed, change) else change)
+
+
+# (stored, request, revision) -> (answer, what etcd holds after: (revision, removed) or None).
+# `live*` is an upsert of the stored revision with other content; a revision of None: a remove without one.
+TABLE: dict[tuple[str, str, int | None], tuple[int, tuple[int, bool] | None]] = {
+    ("none", "upsert", R - 1): (204, (R - 1, False)),
+    ("none", "upsert", R): (204, (R, False)),
+    ("none", "upsert", R + 1): (204, (R + 1, False)),
+    ("none", "remove", R - 1): (204, (R - 1, True)),
+    ("none", "remove", R): (204, (R, True)),
+    ("none", "remove", R + 1): (204, (R + 1, True)),
+    ("none", "remove", None): (204, None),
+    ("live", "upsert", R - 1): (409, (R, False)),
+    ("live", "upsert", R): (409, (R, False)),
+    ("live", "upsert", R + 1): (204, (R + 1, False)),
+    ("live", "remove", R - 1): (409, (R, False)),
+    ("live", "remove", R): (204, (R, True)),
+    ("live", "remove", R + 1): (204, (R + 1, True)),
+    ("live", "remove", None): (204, (R, True)),
+    ("tombstone", "upsert", R - 1): (409, (R, True)),
+    ("tombstone", "upsert", R): (409, (R, True)),
+    ("tombstone", "upsert", R + 1): (204, (R + 1, False)),
+    ("tombstone", "remove", R - 1): (204, (R, True)),
+    ("tombstone", "remove", R): (204, (R, True)),
+    ("tombstone", "remove", R + 1): (204, (R + 1, True)),
+    ("tombstone", "remove", None): (204, (R, True)),
+}
+
+
+def derived(stored: str, request: str, revision: int | None) -> tuple[int, tuple[int, bool] | None]:
+    """The row as `supersedes` alone gives it: a change that supersedes what is stored is stored;
+    a remove that does not is a retry where a tombstone is, else (and for an upsert) a 409."""
+    before = {"none": None, "live": at(R, False), "tombstone": at(R, True)}[stored]
+    held = (before.revision, before.removed) if before is not None else None
+    removal = request == "remove"
+    if revision is None:  # a remove without a revision takes the stored one
+        return 204, (before.revision, True) if before is not None else None
+    if before is None or supersedes(revision, removal, before):
+        return 204, (revision, removal)
+    return (204 if removal and before.removed else 409), held
+
+
+@pytest.mark.parametrize(("stored", "request_", "revision"), list(TABLE), ids=[f"{s}-{q}-{r}" for s, q, r in TABLE])
+async def test_the_revision_table_on_the_reconciler(stored: str, request_: str, revision: int | None) -> None:
+    answer, after = TABLE[(stored, request_, revision)]
+    assert derived(stored, request_, revision) == (answer, after)
+    etcd: FakeEtcd = await elected_etcd()
+    iid = uid()
+    ref = IngressRef(AUTHORITY, iid)
+    async with running(etcd) as rec:
+        if stored != "none":
+            await rec.submit([record(iid, revision=R, upstream=UP)])
+        if stored == "tombstone":
+            await rec.submit([], [Removal(ref, R)])
+        before, revision_before = etcd.value(LAYOUT.record_key(ref)), etcd.revision
+        try:
+            if request_ == "upsert":
+                await rec.submit([record(iid, revision=revision, upstream=UP, path_prefix="/other")])
+            else:
+                await rec.submit([], [Removal(ref, revision)])
+            got = 204
+        except StaleRevisionError as exc:
+            got = 409
+            assert exc.data["stored_revision"] == R
+        assert got == answer
+        value = etcd.value(LAYOUT.record_key(ref))
+        held = decode_record(value) if value is not None else None
+        assert ((held.revision, held.removed) if held is not None else None) == after
+        if after is None or (before is not None and after == (decode_record(before).revision, decode_record(before).removed)):
+            # A refusal, a retry, or a no-op writes nothing.
+            assert etcd.revision == revision_before and value == before
+        if request_ == "upsert" and answer == 204:
+            assert held is not None and held.ingress.path_prefix == "/other"
+
+
+def test_a_tombstone_is_small_and_reads_back_the_same() -> None:
+    ref = IngressRef(AUTHORITY, "gone")
+    made = tombstone(ref, 7, 1_700_000_000.5)
+    assert made.value == (f'{{"source":"api","removed":true,"removed_at":1700000000.5,'
+                          f'"ingress":{{"authority":"{AUTHORITY}","id":"gone","revision":7}}}}')
+    read = decode_record(made.value)
+    assert read == made and read.key == ref and read.revision == 7 and read.removed
+
+
+def test_a_tombstone_written_with_its_whole_ingress_reads_as_it_is_stored() -> None:
+    # Earlier versions stored the whole ingress in a tombstone: read, it is kept byte for byte (no rewrite).
+    live = record("old", revision=3, upstream=UP)
+    whole = live.value.replace('{"source":"api"', '{"source":"api","removed":true,"removed_at":1.0', 1)
+    read = decode_record(whole)
+    assert read.removed and read.revision == 3 and read.key == live.key and read.value == whole
