@@ -25,8 +25,8 @@ from ..plan.plan import Plan
 from ..plan.planner import Planner
 from ..roles import Admission, AdmitAll, AlwaysLeader, Ejections, LeaderPolicy, NoEjections
 from ..store.observed import Observed
-from ..store.records import Record, RecordStore, Removal, tombstone
-from ..store.revisions import classify_upsert, tombstone_revision
+from ..store.records import Record, RecordStore, Removal
+from ..store.revisions import classify_upsert, removal_record
 from ..supervisor import Supervisor
 from ..write.ledger import CommitLedger
 from ..write.pacer import Pacer
@@ -177,14 +177,9 @@ class Reconciler:
             noop = classify_upsert(stored, upsert) == "noop"
             changes.append((upsert.key, stored if noop and stored is not None else upsert))
         for removal in removes:
-            stored = self._intents.desired(removal.ref)
-            revision = tombstone_revision(stored, *removal.ref, removal.revision)
-            if revision is not None:
-                source = stored.source if stored is not None else "api"
-                changes.append((removal.ref, tombstone(removal.ref, revision, time.time(), source)))
-            elif stored is not None:
-                # A retry of a removal: answered once the tombstone it repeats is committed (it may be pending).
-                changes.append((removal.ref, stored))
+            record = removal_record(self._intents.desired(removal.ref), removal, time.time())
+            if record is not None:
+                changes.append((removal.ref, record))
         return changes
 
     @property

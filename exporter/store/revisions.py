@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Literal
 
 from ..errors import StaleRevisionError
-from .records import Record, supersedes
+from .records import Record, Removal, supersedes, tombstone
 
 
 def classify_upsert(stored: Record | None, incoming: Record) -> Literal["noop", "apply"]:
@@ -46,3 +46,13 @@ def tombstone_revision(stored: Record | None, authority: str, ingress_id: str, r
         f"ingress {authority}/{ingress_id}: remove at revision {revision} is older than the stored {stored.revision}",
         {"authority": authority, "id": ingress_id, "stored_revision": stored.revision},
     )
+
+
+def removal_record(stored: Record | None, removal: Removal, now: float) -> Record | None:
+    """The record a remove asks for, at time `now`: a new tombstone, or the stored tombstone it repeats
+    (a retry, answered once that one is committed: it may be pending); None when nothing is stored
+    and the remove has no revision. Raise when it is stale."""
+    revision = tombstone_revision(stored, *removal.ref, removal.revision)
+    if revision is None:
+        return stored
+    return tombstone(removal.ref, revision, now, stored.source if stored is not None else "api")

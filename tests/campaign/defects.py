@@ -19,6 +19,7 @@ import exporter.leader
 import exporter.plan.guards
 import exporter.reconcile.judge
 import exporter.reconcile.reconciler
+import exporter.store.revisions
 import exporter.write.packing
 import exporter.write.writer
 from exporter.cli import main
@@ -86,7 +87,7 @@ def remove_noop_over_tombstone() -> None:
             return None
         return tombstone_revision(stored, authority, ingress_id, revision)
 
-    _patch(exporter.reconcile.reconciler, "tombstone_revision", noop)
+    _patch(exporter.store.revisions, "tombstone_revision", noop)
 
 
 def services_before_routers() -> None:
