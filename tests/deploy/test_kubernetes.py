@@ -179,6 +179,35 @@ def test_every_container_is_locked_down_sized_and_probed(target: str) -> None:
         assert account["automountServiceAccountToken"] is False
 
 
+def readable(mode: int, user: int, groups: set[int], fs_group: int | None) -> bool:
+    """Whether a file Kubernetes mounts from a Secret or ConfigMap (owner root, group the pod's fsGroup) can be read."""
+    return bool(mode & 0o004 or (user == 0 and mode & 0o400) or (fs_group in groups and mode & 0o040))
+
+
+def mounted_readable(pod_spec: dict[str, Any], pod_context: dict[str, Any]) -> list[str]:
+    """The volumes from Secrets and ConfigMaps a container mounts but cannot read."""
+    volumes = {v["name"]: v.get("secret") or v.get("configMap") for v in pod_spec["volumes"]}
+    unreadable = []
+    for container in pod_spec["containers"]:
+        context = container["securityContext"]
+        fs_group = pod_context.get("fsGroup")
+        groups = {context["runAsGroup"], *pod_context.get("supplementalGroups", []), *([fs_group] if fs_group else [])}
+        for mount in container.get("volumeMounts", []):
+            source = volumes[mount["name"]]
+            if source is not None and not readable(source.get("defaultMode", 0o644), context["runAsUser"], groups, fs_group):
+                unreadable.append(f"{container['name']}: {mount['name']}")
+    return unreadable
+
+
+def test_every_container_can_read_the_files_mounted_for_it() -> None:
+    assert mounted_readable(parts().pod["spec"], parts().pod["spec"]["securityContext"]) == []
+    values = yaml.safe_load((KUBE / "traefik-helm-values.yaml").read_text())
+    chart_pod = {"containers": values["deployment"]["additionalContainers"], "volumes": values["deployment"]["additionalVolumes"]}
+    assert mounted_readable(chart_pod, values["podSecurityContext"]) == []
+    # The check sees a Secret only root could read.
+    assert mounted_readable(parts().pod["spec"], {}) == ["exporter: exporter-api-token"]
+
+
 @pytest.mark.parametrize("target", ["base", "etcd"])
 def test_every_probe_names_a_declared_container_port(target: str) -> None:
     for _template, container in containers(rendered(target)):
