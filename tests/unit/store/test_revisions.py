@@ -138,6 +138,9 @@ async def test_the_revision_table_on_the_reconciler(stored: str, request_: str, 
             assert etcd.revision == revision_before and value == before
         if request_ == "upsert" and answer == 204:
             assert held is not None and held.ingress.path_prefix == "/other"
+        if stored == "tombstone" and after == (R + 1, True):
+            # A newer remove moves the tombstone up: its TTL counts from this remove.
+            assert held is not None and before is not None and held.removed_at > decode_record(before).removed_at
 
 
 def test_a_tombstone_is_small_and_reads_back_the_same() -> None:
