@@ -12,7 +12,8 @@ settings on every ingress), `--edge-distinct` (the same, each ingress with an al
 own). Layouts: `--layout after` (this tree: shared edge objects, no values equal to Traefik's
 defaults), `--layout before` (the keys the tree `--against` writes). `--file-provider` also gives a
 Traefik the same configuration as one file and adds one router to it: the rebuild without the KV
-listing and decoding.
+listing and decoding. Traefik's memory is printed beside: resident once idle after the change, and
+its peak (VmHWM), in MB.
 
 Usage: .venv/bin/python -m bench.traefik_cost --against DIR [--routers 10000] [--runs 3]
            [--edge | --edge-distinct] [--layout before|after] [--file-provider]
@@ -97,8 +98,14 @@ def _lists(node: Any) -> Any:
     return {k: _lists(v) for k, v in node.items()}
 
 
+def memory_mb(pid: int) -> tuple[float, float]:
+    """A process's (resident, peak resident) MB."""
+    status = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in line)
+    return int(status["VmRSS"].split()[0]) / 1024, int(status["VmHWM"].split()[0]) / 1024
+
+
 async def kv_run(keys: Keys, n: int) -> tuple[float, float]:
-    """D through the etcd provider: (seconds until listed, Traefik CPU until idle)."""
+    """D through the etcd provider: (seconds until listed, Traefik CPU until idle); prints Traefik's memory then."""
     with fresh_etcd() as etcd, tempfile.TemporaryDirectory() as tmp:
         await raw_write(etcd.url, keys["bulk"], 8)
         traefik = start_traefik(Path(tmp), etcd.url, ROOT, ["web"])
@@ -110,7 +117,10 @@ async def kv_run(keys: Keys, n: int) -> tuple[float, float]:
                 await client.txn([], [Op(k, v) for k, v in keys["more"]])
                 listed = await until_listed(traefik, f"bench_i{n}@etcd")
                 await until_idle(traefik)
-                return listed, cpu_seconds(traefik.proc.pid) - before
+                cpu = cpu_seconds(traefik.proc.pid) - before
+                resident, peak = memory_mb(traefik.proc.pid)
+                print(f"  Traefik with {n + 1} routers, idle: {resident:.0f} MB resident, peak {peak:.0f} MB", flush=True)
+                return listed, cpu
         finally:
             traefik.stop()
 

@@ -350,6 +350,7 @@ def test_the_helm_values_carry_the_same_exporter_container() -> None:
     assert {a.split("=", 1)[0] for a in values["additionalArguments"]} >= {
         "--providers.etcd.endpoints", "--providers.etcd.rootKey", "--providers.providersThrottleDuration", "--api.insecure"}
     assert values["deployment"]["podLabels"].items() <= parts().pod["metadata"]["labels"].items()
+    assert values["resources"] == parts().traefik["resources"]
 
 
 def _rules() -> dict[str, Any]:
