@@ -425,8 +425,12 @@ class LocalPod:
         return proc
 
     def stop(self) -> None:
-        for proc in self.procs.values():
-            if proc.poll() is None:
+        for name, proc in self.procs.items():
+            if proc.poll() is not None:
+                continue
+            if name == "traefik":
+                proc.kill()  # sent SIGTERM, it keeps accepting requests 5 s more (its args); nothing is in flight here
+            else:
                 proc.terminate()
         for proc in self.procs.values():
             try:
