@@ -5,9 +5,9 @@ ingress is split over several transactions, before) the keys it renders to, as t
 ledger's rule says (write/ledger.py), so a restart or a second replica rebuilds the full
 state from etcd. A removed ingress leaves a tombstone record (`removed`, with the removal's revision and
 time): an upsert at or below the removal's revision is refused instead of resurrecting it, and a
-removal split over several transactions is finished after a restart, not undone. A tombstone
-holds only the ingress's authority, id and revision (nothing renders it), so a remove of an
-ingress never stored costs one small record. Tombstones are dropped after `writer.tombstone_ttl`.
+removal split over several transactions is finished after a restart, not undone. A remove of an
+ingress never stored leaves a tombstone too, of a placeholder ingress (`tombstone`). Tombstones
+are dropped after `writer.tombstone_ttl`.
 """
 
 from __future__ import annotations
@@ -16,13 +16,12 @@ import functools
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import ValidationError
 
 from ..errors import RecordDecodeError
 from ..ingress import Ingress, field_errors
-from ..ingress.values import STORED, Authority, DnsLabel
+from ..ingress.values import STORED
 from ..keys import IngressRef
 
 # Told of every committed change of a live record (None: it is gone).
@@ -51,8 +50,7 @@ class Record:
 
     Only the stored JSON is kept (the ingress's canonical JSON is its tail): the store and the
     mirror of etcd share that one string per ingress, after the models the largest thing
-    either holds. A tombstone's ingress carries its authority, id and revision only (made by
-    `tombstone`; its upstream is unset): only its key and revision are ever read.
+    either holds.
     """
 
     ingress: Ingress
@@ -83,29 +81,24 @@ class Record:
 
     def removal(self, revision: int, now: float) -> Record:
         """The tombstone left when this ingress is removed at `revision`."""
-        return tombstone(self.key, revision, now, self.source)
+        ingress = self.ingress.model_copy(update={"revision": revision})
+        return Record(ingress, stored_value(ingress.model_dump_json(), self.source, True, now), self.source, True, now)
 
 
-class _Removed(BaseModel):
-    """What a tombstone keeps of its ingress (a tombstone written with the whole ingress reads the same)."""
-
-    model_config = ConfigDict(extra="ignore", frozen=True, strict=True)
-
-    authority: Authority
-    id: DnsLabel
-    revision: int = Field(ge=0)
+# The ingress a tombstone of an ingress never stored holds: valid, so that every version of the
+# exporter reads the record as it reads any other (sidecars of two versions share etcd during a
+# rolling upgrade), and never rendered (nothing renders a tombstone).
+PLACEHOLDER_SERVER = "tcp://127.0.0.1:9"
 
 
 def tombstone(ref: IngressRef, revision: int, now: float, source: str = "api") -> Record:
-    """The record of `ref` removed at the coordinator's `revision` at time `now`, whether or not it was ever stored."""
-    kept = _Removed(authority=ref.authority, id=ref.id, revision=revision)
-    return Record(_tombstone_ingress(kept), stored_value(kept.model_dump_json(), source, True, now), source, True, now)
-
-
-def _tombstone_ingress(kept: _Removed) -> Ingress:
-    # Nothing renders a tombstone: its ingress is built without the fields a live one requires.
-    fields: dict[str, Any] = kept.model_dump()
-    return Ingress.model_construct(**fields)
+    """The tombstone of an ingress never stored (or whose tombstone expired), removed at `revision` at time `now`."""
+    placeholder = Ingress.model_validate(
+        {"authority": ref.authority, "id": ref.id, "revision": revision, "protocol": "tcp",
+         "upstream": {"servers": [{"url": PLACEHOLDER_SERVER}]}},
+        context=STORED,
+    )
+    return Record.of(placeholder, source).removal(revision, now)
 
 
 def supersedes(revision: int, removal: bool, other: Record) -> bool:
@@ -121,18 +114,15 @@ def decode_record(value: str) -> Record:
     """Parse a stored record value."""
     try:
         data = json.loads(value)
-        source, removed, removed_at = str(data.get("source", "api")), bool(data.get("removed", False)), float(data.get("removed_at", 0.0))
-        if removed:
-            # Kept as read: a tombstone written with its whole ingress (as earlier versions did) is not rewritten.
-            return Record(_tombstone_ingress(_Removed.model_validate(data["ingress"])), value, source, True, removed_at)
         ingress = Ingress.model_validate(data["ingress"], context=STORED)
     except ValidationError as exc:
         raise RecordDecodeError(f"stored ingress does not validate: {field_errors(exc)}") from None
     except (ValueError, KeyError, TypeError) as exc:
         raise RecordDecodeError(f"stored record is not exporter JSON: {type(exc).__name__}") from None
-    canonical = stored_value(ingress.model_dump_json(), source)
+    source, removed, removed_at = str(data.get("source", "api")), bool(data.get("removed", False)), float(data.get("removed_at", 0.0))
+    canonical = stored_value(ingress.model_dump_json(), source, removed, removed_at)
     # The text read is kept when it is what this exporter writes: the mirror holds that same string.
-    return Record(ingress, value if value == canonical else canonical, source)
+    return Record(ingress, value if value == canonical else canonical, source, removed, removed_at)
 
 
 @dataclass(frozen=True)

@@ -55,4 +55,4 @@ def removal_record(stored: Record | None, removal: Removal, now: float) -> Recor
     revision = tombstone_revision(stored, *removal.ref, removal.revision)
     if revision is None:
         return stored
-    return tombstone(removal.ref, revision, now, stored.source if stored is not None else "api")
+    return stored.removal(revision, now) if stored is not None else tombstone(removal.ref, revision, now)
