@@ -31,7 +31,7 @@ from pathlib import Path
 from loguru import logger
 
 from bench.common import RECORDS, exporter_keys, fresh_etcd, make_records, raw_write, watching
-from bench.harness import arguments, median
+from bench.harness import arguments, median, memory_mb
 from exporter.assembly import build_reconciler
 from exporter.config import Settings
 from exporter.embedded import free_port
@@ -137,10 +137,7 @@ def daemon_rss(n: int, edge: bool = False) -> float:
             for path in ("/metrics", "/v1/healthcheck", "/", "/ui/state.json"):
                 with urllib.request.urlopen(f"http://{control}{path}", timeout=60) as resp:
                     resp.read()
-            for line in Path(f"/proc/{proc.pid}/status").read_text().splitlines():
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) / 1024
-            return float("nan")
+            return memory_mb(proc.pid)[0]
         finally:
             proc.terminate()
             proc.wait(30)

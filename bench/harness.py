@@ -48,6 +48,12 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def memory_mb(pid: int) -> tuple[float, float]:
+    """A process's (resident, peak resident) MB."""
+    status = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in line)
+    return int(status["VmRSS"].split()[0]) / 1024, int(status["VmHWM"].split()[0]) / 1024
+
+
 def start_daemon(etcd_url: str, work: Path, **env: str) -> tuple[subprocess.Popen[bytes], str, str]:
     """The daemon as a child on `etcd_url` (settings from `EXPORTER_*` in `env`); returns it, the API and control URLs."""
     api, control = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"

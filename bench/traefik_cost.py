@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import RECORDS, ROOT_KEY, fresh_etcd, ingress_body, raw_write, until_idle, until_listed
-from bench.harness import arguments, cpu_seconds, median
+from bench.harness import arguments, cpu_seconds, median, memory_mb
 from exporter.embedded import start_traefik
 from exporter.etcd.client import EtcdClient
 from exporter.etcd.types import Op
@@ -96,12 +96,6 @@ def _lists(node: Any) -> Any:
     if node and all(k.isdigit() for k in node):
         return [_lists(node[k]) for k in sorted(node)]
     return {k: _lists(v) for k, v in node.items()}
-
-
-def memory_mb(pid: int) -> tuple[float, float]:
-    """A process's (resident, peak resident) MB."""
-    status = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in line)
-    return int(status["VmRSS"].split()[0]) / 1024, int(status["VmHWM"].split()[0]) / 1024
 
 
 async def kv_run(keys: Keys, n: int) -> tuple[float, float]:

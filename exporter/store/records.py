@@ -91,14 +91,14 @@ class Record:
 PLACEHOLDER_SERVER = "tcp://127.0.0.1:9"
 
 
-def tombstone(ref: IngressRef, revision: int, now: float, source: str = "api") -> Record:
+def tombstone(ref: IngressRef, revision: int, now: float) -> Record:
     """The tombstone of an ingress never stored (or whose tombstone expired), removed at `revision` at time `now`."""
     placeholder = Ingress.model_validate(
         {"authority": ref.authority, "id": ref.id, "revision": revision, "protocol": "tcp",
          "upstream": {"servers": [{"url": PLACEHOLDER_SERVER}]}},
         context=STORED,
     )
-    return Record.of(placeholder, source).removal(revision, now)
+    return Record.of(placeholder).removal(revision, now)
 
 
 def supersedes(revision: int, removal: bool, other: Record) -> bool:

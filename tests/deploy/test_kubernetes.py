@@ -573,5 +573,6 @@ async def _leader(session: aiohttp.ClientSession, controls: dict[str, str]) -> s
 
 
 async def holds_exit(proc: subprocess.Popen[bytes]) -> list[int] | None:
+    """The exit code once the process ended, in a list (`eventually` waits for a truthy value; 0 is not)."""
     code = proc.poll()
     return None if code is None else [code]
