@@ -76,6 +76,9 @@ class Metrics:
         self.paced_ingresses = gauge(
             "exporter_writer_paced_ingresses", "ingresses whose keys wait for Traefik to apply the previous commit", "root"
         )
+        # the mirror
+        self.mirror_revision = gauge("exporter_mirror_revision", "the etcd revision the mirror (what plans diff against) is a copy of")
+        self.mirror_relists = counter("exporter_mirror_relists_total", "listings of etcd that replaced the mirror, by reason", "reason")
         # Traefik
         self.traefik_converged = gauge("exporter_traefik_converged", "1 when Traefik has applied every commit under the root", "root")
         self.traefik_applied_revision = gauge(

@@ -95,8 +95,11 @@ class FakeEtcd:
             await self._write(ops)
         return TxnResult(succeeded, self.revision)
 
-    async def watch_prefix(self, prefix: str, start_revision: int, idle_timeout: float) -> AsyncIterator[list[WatchEvent]]:
+    async def watch_prefix(
+        self, prefix: str, start_revision: int, idle_timeout: float, *, end: str | None = None
+    ) -> AsyncIterator[list[WatchEvent]]:
         self._check()
+        wanted: Callable[[str], bool] = (lambda k: prefix <= k < end) if end is not None else (lambda k: k.startswith(prefix))
         self.watch_starts.append((prefix, start_revision))
         if start_revision <= self.compacted:
             raise WatchCanceled("required revision has been compacted", self.compacted)
@@ -105,7 +108,7 @@ class FakeEtcd:
             upto = self.revision
             batches: dict[int, list[WatchEvent]] = {}
             for rev, key, value in self._history:
-                if sent < rev <= upto and key.startswith(prefix):
+                if sent < rev <= upto and wanted(key):
                     batches.setdefault(rev, []).append(WatchEvent.of(key, value, rev))
             for rev in sorted(batches):
                 await self.watches_flowing.wait()

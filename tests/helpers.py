@@ -226,8 +226,10 @@ class HookedEtcd:
             await hook()
         return await self.inner.txn(compares, ops)
 
-    def watch_prefix(self, prefix: str, start_revision: int, idle_timeout: float) -> AsyncIterator[list[WatchEvent]]:
-        return self.inner.watch_prefix(prefix, start_revision, idle_timeout)
+    def watch_prefix(
+        self, prefix: str, start_revision: int, idle_timeout: float, *, end: str | None = None
+    ) -> AsyncIterator[list[WatchEvent]]:
+        return self.inner.watch_prefix(prefix, start_revision, idle_timeout, end=end)
 
     async def lease_grant(self, ttl: int) -> int:
         return await self.inner.lease_grant(ttl)

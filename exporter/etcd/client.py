@@ -149,7 +149,9 @@ class EtcdClient:
                 with contextlib.suppress(EtcdError):
                     await self.revision()
 
-    def watch_prefix(self, prefix: str, start_revision: int, idle_timeout: float) -> AsyncIterator[list[WatchEvent]]:
+    def watch_prefix(
+        self, prefix: str, start_revision: int, idle_timeout: float, *, end: str | None = None
+    ) -> AsyncIterator[list[WatchEvent]]:
         """Yield batches of events under `prefix` from `start_revision` on, over the client's transport.
 
         Raises WatchCanceled when etcd cancels (compaction), EtcdError when the stream breaks or
@@ -157,14 +159,16 @@ class EtcdClient:
         Progress notifications keep a healthy idle stream alive.
         """
         if isinstance(self._kv, GrpcKv):
-            return self._kv.watch_prefix(prefix, start_revision, idle_timeout)
-        return self._gateway_watch(prefix, start_revision, idle_timeout)
+            return self._kv.watch_prefix(prefix, start_revision, idle_timeout, end=end)
+        return self._gateway_watch(prefix, start_revision, idle_timeout, end)
 
-    async def _gateway_watch(self, prefix: str, start_revision: int, idle_timeout: float) -> AsyncIterator[list[WatchEvent]]:
+    async def _gateway_watch(
+        self, prefix: str, start_revision: int, idle_timeout: float, end: str | None
+    ) -> AsyncIterator[list[WatchEvent]]:
         body = {
             "create_request": {
                 "key": b64(prefix),
-                "range_end": b64_range_end(prefix),
+                "range_end": b64(end) if end is not None else b64_range_end(prefix),
                 "start_revision": str(start_revision),
                 "progress_notify": True,
             }

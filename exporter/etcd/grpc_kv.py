@@ -96,7 +96,9 @@ class GrpcKv:
         reply = await self._range(rpc_pb2.RangeRequest(key=b"\x00", keys_only=True, limit=1))
         return reply.header.revision
 
-    async def watch_prefix(self, prefix: str, start_revision: int, idle_timeout: float) -> AsyncIterator[list[WatchEvent]]:
+    async def watch_prefix(
+        self, prefix: str, start_revision: int, idle_timeout: float, *, end: str | None = None
+    ) -> AsyncIterator[list[WatchEvent]]:
         """Yield batches of events under `prefix` from `start_revision` on.
 
         Raises WatchCanceled when etcd cancels (compaction), EtcdError when the stream breaks or
@@ -105,7 +107,8 @@ class GrpcKv:
         """
         if self.channels.authenticated:
             await self.revision()  # renews the token if it expired
-        create = rpc_pb2.WatchCreateRequest(key=prefix.encode(), range_end=range_end(prefix), start_revision=start_revision,
+        last = end.encode() if end is not None else range_end(prefix)
+        create = rpc_pb2.WatchCreateRequest(key=prefix.encode(), range_end=last, start_revision=start_revision,
                                             progress_notify=True)
         responses = self.channels.stream(_WATCH, rpc_pb2.WatchRequest(create_request=create), rpc_pb2.WatchResponse.FromString,
                                          idle_timeout)

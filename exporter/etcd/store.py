@@ -32,8 +32,11 @@ class EtcdStore(Protocol):
         """Apply `ops` atomically if every compare holds."""
         ...
 
-    def watch_prefix(self, prefix: str, start_revision: int, idle_timeout: float) -> AsyncIterator[list[WatchEvent]]:
-        """Batches of events under `prefix` from `start_revision` on; raises EtcdError when the stream ends."""
+    def watch_prefix(
+        self, prefix: str, start_revision: int, idle_timeout: float, *, end: str | None = None
+    ) -> AsyncIterator[list[WatchEvent]]:
+        """Batches of events under `prefix` (with `end`: every key from `prefix` up to `end`, excluded) from
+        `start_revision` on, one or more whole revisions each; raises EtcdError when the stream ends."""
         ...
 
     async def lease_grant(self, ttl: int) -> int:

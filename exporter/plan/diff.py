@@ -20,17 +20,12 @@ def plan_ingress(
     owner: IngressRef,
     desired: dict[str, str] | None,
     observed_objects: dict[str, dict[str, tuple[str, int]]],
-    desired_objects: tuple[str, ...],
     record_key: str,
     desired_record: Record | None,
     observed_record: tuple[str, int] | None,
     root: str = "",
-    keys_current: bool = False,
 ) -> UnitPlan | None:
-    """Diff one ingress: `desired` keys (None: remove it) against what etcd holds for it.
-
-    `keys_current`: the observed keys include every key committed with the observed record.
-    """
+    """Diff one ingress: `desired` keys (None: remove it) against what etcd holds for it."""
     want = desired or {}
     observed_keys = {key: value for keys in observed_objects.values() for key, (value, _mod) in keys.items()}
     if observed_keys:
@@ -43,17 +38,15 @@ def plan_ingress(
     record = Change(record_key, old_record, record_value) if record_value != old_record else None
     if not changes and record is None:
         return None
-    guarded = sorted(set(observed_objects) if observed_record is None else set(observed_objects) | set(desired_objects))
     return UnitPlan(
         name=str(owner),
         changes=guards.with_record(guards.order_changes(changes), record),
-        compares=guards.unit_guards(record_key, observed_record, observed_objects, guarded, keys_current),
+        compares=[guards.record_guard(record_key, observed_record)],
         owner=owner,
         record_key=record_key,
         record=desired_record,
         removed=desired is None,
         root=root,
-        objects=tuple(guarded),
     )
 
 

@@ -11,9 +11,12 @@ builds a compare on a record key (tests/unit/test_structure.py checks that by wh
   so its first part carries the record: after a crash between parts the record says what the
   ingress must become, and repair finishes it;
 - guards: every transaction of an ingress compares its record's mod_revision, so a stale
-  writer fails and re-plans instead of overwriting newer state (`unit_guards`); a later part
-  compares the record as the first part left it and that nothing under the unit changed since
-  the previous part (`next_part_guards`);
+  writer fails and re-plans instead of overwriting newer state (`record_guard`): every other
+  exporter writes the record with the keys it renders to, and the mirror a plan is made
+  against is etcd at one revision, records and keys alike, so the record compare alone
+  guards the ingress. Keys changed without a new record (a foreign writer, the leader's
+  health rewrite) come through the watch and are planned again like any drift. A later part
+  compares the record as the first part left it (`next_part_guards`);
 - pacing: a record may commit alone, its keys later (`record_alone`): it writes nothing under
   the root, so Traefik has nothing to apply.
 """
@@ -56,49 +59,14 @@ def record_guard(record_key: str, observed_record: tuple[str, int] | None) -> Co
     return Compare(record_key, "EQUAL", observed_record[1] if observed_record else 0)
 
 
-def unit_guards(
-    record_key: str, observed_record: tuple[str, int] | None,
-    observed_objects: dict[str, dict[str, tuple[str, int]]], guarded: list[str], keys_current: bool,
-) -> list[Compare]:
-    """The compares of one ingress's transaction.
-
-    The record guards against every other exporter: each writes the record with the keys
-    it renders to, so a stale plan fails on it. A range compare per object is added only
-    while the mirror may hold the record but not the keys committed with it: the records and
-    the roots are two watches, so a peer's record can arrive before its keys, and a plan
-    against the older keys would leave the peer's keys beside ours. Once the roots' watch has
-    delivered past the record's commit (or it is our own), the record compare alone guards
-    the ingress. etcd reads every key of every range compare on every transaction (a third of
-    a push transaction's etcd CPU, docs/performance.md); keys changed meanwhile without a new
-    record (a foreign writer, the leader's health rewrite) are seen by the watch and planned
-    again like any drift, as they are for a brand-new ingress (no record anywhere), which
-    never needs one.
-    """
-    compares = [record_guard(record_key, observed_record)]
-    if observed_record is not None and keys_current:
-        return compares
-    for obj in guarded:
-        keys = observed_objects.get(obj, {})
-        newest = max((mod for _v, mod in keys.values()), default=0)
-        compares.append(Compare(obj + "/", "LESS", newest + 1, prefix=True))
-        if keys and observed_record is not None:
-            # etcd passes a range compare on keys deleted meanwhile (an empty range is "less"):
-            # one key of each object as observed catches a peer's removal of the object.
-            first = min(keys)
-            compares.append(Compare(first, "EQUAL", keys[first][1]))
-    return compares
-
-
 def guarded_revision(unit: UnitPlan) -> int:
     """The record revision `unit` was planned against (what its record guard compares)."""
     return next((c.mod_revision for c in unit.compares if c.key == unit.record_key and not c.prefix), 0)
 
 
-def next_part_guards(unit: UnitPlan, record_revision: int, previous: int) -> list[Compare]:
-    """The compares of a later part: the record as the first part left it, nothing under the unit changed since `previous`."""
-    compares = [Compare(unit.record_key, "EQUAL", record_revision)] if unit.record_key else []
-    compares += [Compare(c.key, "LESS", previous + 1, prefix=True) for c in unit.compares if c.prefix]
-    return compares
+def next_part_guards(unit: UnitPlan, record_revision: int) -> list[Compare]:
+    """The compares of a later part: the record as the first part left it."""
+    return [Compare(unit.record_key, "EQUAL", record_revision)] if unit.record_key else []
 
 
 def carries_record(unit: UnitPlan, changes: Iterable[Change]) -> bool:

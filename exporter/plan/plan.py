@@ -50,8 +50,6 @@ class UnitPlan:
     root: str = ""
     # A record committed alone whose key changes were held back for later.
     keys_held: bool = False
-    # The object subtrees (paths) the ingress's keys are in, observed or desired: what a conflict re-reads.
-    objects: tuple[str, ...] = ()
     # The shared objects (path, witness key) the ingress's keys newly reference: each exists when
     # the reference commits (written in the same transaction, or compared present).
     needs: tuple[tuple[str, str], ...] = ()

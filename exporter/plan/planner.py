@@ -122,7 +122,6 @@ class Planner:
         """Delete the shared objects of `roots` that nothing references and no planned ingress wants."""
         if not observed.sharing.orphans():
             return []
-        seen = observed.own.run_after(observed.keys_seen)
         units = []
         for root in roots:
             for path in observed.sharing.orphans(root):
@@ -131,7 +130,7 @@ class Planner:
                 section = path.rsplit("/", 2)[1]
                 # Its content is kept while it is in use, to repair it; rendered again if wanted again.
                 self._renderer.shared.forget(path)
-                units.append(plan_orphan(path, root, observed.shared(path), f"{root}/http/{SHARED_SECTIONS[section]}/", seen))
+                units.append(plan_orphan(path, root, observed.shared(path), f"{root}/http/{SHARED_SECTIONS[section]}/", observed.revision))
         return units
 
     def _plan_root(self, root: str, observed: Observed) -> UnitPlan | None:
@@ -165,12 +164,10 @@ class Planner:
             owner=ref,
             desired=rendered.kv if rendered is not None else None,
             observed_objects=observed_objects,
-            desired_objects=tuple(f"{rendered.root}/{o}" for o in rendered.objects) if rendered is not None else (),
             record_key=rkey,
             desired_record=record,
             observed_record=observed_record,
             root=self._layout.root(ref.authority),
-            keys_current=observed_record is not None and observed.keys_current(observed_record[1]),
         )
         if unit is None and render_key is not None:
             self._as_rendered[ref] = (render_key, observed.stamp(ref))

@@ -1,5 +1,11 @@
 """Plan and write: turns desired records into guarded transactions, re-planning after conflicts.
 
+Every plan is made against the mirror at its revision R (reconcile/mirror.py). An ingress
+whose last commit w is newer than R is planned once R >= w, the others at once. A conflict
+never reads etcd again: the mirror is waited for until it reaches the failed transaction's
+header revision (or shows a compared key changed), and what conflicted is judged and
+planned again against it.
+
 A commit step returns an `Outcome` (which ingresses are done, which failed and why, what to
 redo) and never answers a request itself. Requests are guarded by their record compares;
 everything the leader writes on its own (repair, reconcile, health) is fenced by the
@@ -14,6 +20,7 @@ that root are held, and the leader writes what is held once the root is due, all
 from __future__ import annotations
 
 import asyncio
+import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -39,8 +46,6 @@ _MAX_CONFLICT_RETRIES = 8
 _PIPELINE_CHUNK = 256
 # Changes logged per unit that no request asked for (repair, health, reconcile).
 _LOGGED_CHANGES = 20
-# Ingresses written at once from which the watches pause while we write (mirror.watches.paused_for_bulk).
-_BULK = 1000
 
 
 @dataclass
@@ -80,6 +85,7 @@ class Committer:
         self._observed = observed
         self._store = store
         self._writer = writer
+        self._ledger = writer.ledger
         self._mirror = mirror
         self._leader = leader
         self._ejections = ejections
@@ -92,14 +98,15 @@ class Committer:
         outcome = Outcome()
         requested = dict(batch.requested)
         refs = list(dict.fromkeys([*requested, *(batch.dirty if self._leader.is_leader() else ())]))
-        async with self._mirror.watches.paused_for_bulk(len(refs) >= _BULK):
-            await self._commit_refs(refs, requested, batch, outcome)
+        await self._commit_refs(refs, requested, batch, outcome)
         if outcome.error is None and self._leader.is_leader() and self._observed.sharing.orphans():
             await self._delete_orphans(outcome)
         return outcome
 
     async def _delete_orphans(self, outcome: Outcome) -> None:
         """Delete the shared objects nothing references now, once: a writer naming one meanwhile fails it (planned again with its root)."""
+        # Our own commits name what they reference: an object is an orphan only in a mirror that holds them.
+        await self._mirror.reached(self._ledger.own.newest)
         roots = orphaned_roots(self._observed, self._store)
         if not roots:
             return
@@ -110,14 +117,16 @@ class Committer:
             outcome.error = exc
 
     async def _commit_refs(self, refs: list[IngressRef], requested: dict[IngressRef, int], batch: Batch, outcome: Outcome) -> Outcome:
-        """Plan and write `refs`, re-reading and re-planning what lost a compare (up to 8 times)."""
+        """Plan and write `refs`; what lost a compare is planned again once the mirror shows why (up to 8 times)."""
         try:
             for attempt in range(_MAX_CONFLICT_RETRIES):
+                leading = self._leader.is_leader()
                 # An orphan's deletion or a root's key that lost a compare is planned again with its root.
-                conflicted = [u for u in await self._plan_and_apply(refs, requested, batch, outcome) if u.owner is not None]
+                units, at = await self._plan_and_apply(refs, requested, batch, outcome)
+                conflicted = [u for u in units if u.owner is not None]
                 if not conflicted or outcome.error is not None:
                     return outcome
-                await self._mirror.refresh(conflicted)
+                await self._mirror.settled(conflicted, at, functools.partial(deposed, self._leader, leading))
                 requested = {r: requested[r] for r in outcome.open(requested)}
                 refs = self._retried(conflicted, requested, batch.calls)
                 logger.info("re-planning {} ingresses after a compare failed (attempt {})", len(refs), attempt + 1)
@@ -132,11 +141,12 @@ class Committer:
     async def reconcile_all(self, view: Mapping[IngressRef, Record], skip: set[IngressRef]) -> tuple[Plan, Outcome]:
         """Plan every known ingress against the mirror and write what differs (except `skip`)."""
         outcome = Outcome()
+        # Planned against a mirror that holds every commit of ours.
+        await self._mirror.reached(self._ledger.own.newest)
         plan = self._planner.plan(view, self._observed, None, self._ejections)
         plan.units = [u for u in plan.units if u.owner not in skip]
         if not plan.empty:
-            async with self._mirror.watches.paused_for_bulk(len(plan.units) >= _BULK):
-                await self._apply(plan, {}, {u.owner: "reconcile" for u in plan.units if u.owner}, outcome)
+            await self._apply(plan, {}, {u.owner: "reconcile" for u in plan.units if u.owner}, outcome)
         return plan, outcome
 
     def _retried(
@@ -149,25 +159,38 @@ class Committer:
 
     async def _plan_and_apply(
         self, refs: list[IngressRef], requested: dict[IngressRef, int], batch: Batch, outcome: Outcome
-    ) -> list[UnitPlan]:
-        """Plan and write in chunks, so the next chunk is planned while earlier ones are in flight."""
-        applying: list[asyncio.Task[list[UnitPlan]]] = []
-        # A policy may ask for one plan, packed into the fewest transactions (pacing: revisions
-        # under a root cost more than the latency steps save).
-        step = max(1, len(refs)) if any(p.whole_batches for p in self._policies) else _PIPELINE_CHUNK
-        if len(refs) > step:  # a request may span chunks: the whole batch is judged first, each chunk again at its plan
-            refs, _ = self._judge.judge(refs, requested, batch.calls, outcome)
-        for start in range(0, len(refs), step):
-            plan, groups = self._plan_step(refs[start : start + step], requested, batch.calls, outcome, include_roots=start == 0)
-            applying.append(asyncio.create_task(self._apply(plan, groups, batch.dirty, outcome)))
-            await asyncio.sleep(0)  # let replies of transactions in flight be handled
+    ) -> tuple[list[UnitPlan], int]:
+        """Plan and write in chunks, so the next chunk is planned while earlier ones are in flight.
+
+        Returns the units that lost a compare and the revision etcd evaluated the compares at.
+        """
+        applying: list[asyncio.Task[tuple[list[UnitPlan], int]]] = []
+        # Ingresses whose last commit the mirror has not reached yet are planned once it has.
+        unseen = {ref: w for ref in refs if (w := self._ledger.unseen(ref))}
+        waves = [[r for r in refs if r not in unseen], [r for r in refs if r in unseen]] if unseen else [refs]
+        first = True
+        for wave in waves:
+            if wave is not waves[0]:
+                await self._mirror.reached(max(unseen.values()))
+            # A policy may ask for one plan, packed into the fewest transactions (pacing: revisions
+            # under a root cost more than the latency steps save).
+            step = max(1, len(wave)) if any(p.whole_batches for p in self._policies) else _PIPELINE_CHUNK
+            if len(wave) > step:  # a request may span chunks: the whole wave is judged first, each chunk again at its plan
+                wave, _ = self._judge.judge(wave, requested, batch.calls, outcome)
+            for start in range(0, len(wave), step):
+                plan, groups = self._plan_step(wave[start : start + step], requested, batch.calls, outcome, include_roots=first)
+                first = False
+                applying.append(asyncio.create_task(self._apply(plan, groups, batch.dirty, outcome)))
+                await asyncio.sleep(0)  # let replies of transactions in flight be handled
         results = await asyncio.gather(*applying, return_exceptions=True)
         conflicted: list[UnitPlan] = []
+        at = 0
         for result in results:
             if isinstance(result, BaseException):
                 raise result
-            conflicted.extend(result)
-        return conflicted
+            conflicted.extend(result[0])
+            at = max(at, result[1])
+        return conflicted, at
 
     def _plan_step(
         self, chunk: list[IngressRef], requested: Mapping[IngressRef, int], calls: Calls, outcome: Outcome, *, include_roots: bool
@@ -188,8 +211,9 @@ class Committer:
 
     async def _apply(
         self, plan: Plan, groups: Mapping[IngressRef, int], reasons: Mapping[IngressRef, str], outcome: Outcome
-    ) -> list[UnitPlan]:
-        """Write `plan`, recording what committed in `outcome`; returns the units that lost a compare."""
+    ) -> tuple[list[UnitPlan], int]:
+        """Write `plan`, recording what committed in `outcome`; returns the units that lost a compare and
+        the revision etcd evaluated those compares at."""
         for policy in self._policies:
             plan.units = policy.split(plan.units, groups, reasons).now
         self._metrics.plan_changes.observe(len(plan.changes()))
@@ -197,15 +221,15 @@ class Committer:
         # Requested ingresses that need no change are as desired already.
         outcome.done.update(ref for ref in groups if ref not in planned)
         if plan.empty:
-            return []
-        self._log_unrequested(plan.units, groups, reasons)
+            return [], 0
+        log_unrequested(self._metrics, plan.units, groups, reasons)
         if self._dry_run:
             self._log_dry_run(plan)
             outcome.done.update(groups)
-            return []
+            return [], 0
         result = await self._write(plan.units, groups)
         self._record(result, groups, reasons, outcome)
-        return result.conflicted
+        return result.conflicted, result.conflict_revision
 
     async def _write(self, units: list[UnitPlan], groups: Mapping[IngressRef, int]) -> ApplyResult:
         pushed, own, shared = route(units, groups)
@@ -222,13 +246,8 @@ class Committer:
     ) -> None:
         for policy in self._policies:
             policy.committed(result.committed)
-        for unit in result.committed:
-            if unit.owner is None:
-                continue
-            if unit.owner in groups:
-                outcome.done.add(unit.owner)
-            else:
-                self._store.committed(unit.owner, unit.record)
+        outcome.revision = max(outcome.revision, result.revision)
+        outcome.done.update(unit.owner for unit in result.committed if unit.owner is not None and unit.owner in groups)
         if result.error is None:
             return
         for ref in {u.owner for u in result.failed if u.owner is not None}:
@@ -238,23 +257,30 @@ class Committer:
                 outcome.redo[ref] = reasons.get(ref, "retry")
         outcome.error = result.error
 
-    def _log_unrequested(self, units: list[UnitPlan], groups: Mapping[IngressRef, int], reasons: Mapping[IngressRef, str]) -> None:
-        for unit in units:
-            if unit.owner in groups:
-                continue
-            reason = reasons.get(unit.owner) if unit.owner else "shared" if unit.shared else "reconcile"
-            if reason is None or reason == "request":  # held keys of a request: logged as requests are, by their txn
-                continue
-            if reason == "drift":
-                self._metrics.drift_repairs.inc(len(unit.changes))
-            for change in unit.changes[:_LOGGED_CHANGES]:
-                logger.info("{}: {} {}", reason, change.sign, change.key)
-
     def _log_dry_run(self, plan: Plan) -> None:
         text = format_plan(plan)
         if text != self._last_dry_run:
             logger.info("dry-run: would apply\n{}", text.rstrip())
             self._last_dry_run = text
+
+
+def deposed(leader: LeaderPolicy, leading: bool) -> bool:
+    """True when this exporter led when it wrote (`leading`) and leads no more (its fence failed)."""
+    return leading and not leader.is_leader()
+
+
+def log_unrequested(metrics: Metrics, units: list[UnitPlan], groups: Mapping[IngressRef, int], reasons: Mapping[IngressRef, str]) -> None:
+    """Log the changes no request asked for (repair, health, reconcile), counting drift repairs."""
+    for unit in units:
+        if unit.owner in groups:
+            continue
+        reason = reasons.get(unit.owner) if unit.owner else "shared" if unit.shared else "reconcile"
+        if reason is None or reason == "request":  # held keys of a request: logged as requests are, by their txn
+            continue
+        if reason == "drift":
+            metrics.drift_repairs.inc(len(unit.changes))
+        for change in unit.changes[:_LOGGED_CHANGES]:
+            logger.info("{}: {} {}", reason, change.sign, change.key)
 
 
 def route(

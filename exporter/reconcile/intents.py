@@ -45,6 +45,8 @@ class Outcome:
     refused: dict[int, ExporterError] = field(default_factory=dict)  # requests refused whole, by group
     redo: dict[IngressRef, str] = field(default_factory=dict)
     error: EtcdError | None = None
+    # The newest revision a transaction of the step committed at: answered once the mirror holds it.
+    revision: int = 0
 
     def open(self, refs: Iterable[IngressRef]) -> list[IngressRef]:
         """The refs among `refs` that are neither done nor failed."""
@@ -117,7 +119,6 @@ class Intents:
             if intent.group in outcome.refused:
                 self._fail(intent, outcome.refused[intent.group])
             elif intent.ref in outcome.done:
-                self._store.committed(intent.ref, intent.record)
                 self._drop_pending(intent)
                 intent.future.set_result(None)
             else:

@@ -170,12 +170,11 @@ class Loop:
         if self._prepare is not None:
             await self._prepare()  # what must be known of etcd before anything is written
         recovering = self._status.synced and not self._status.etcd_ok
-        await self._mirror.relist()
+        await self._mirror.relist("start" if not self._status.synced else "recovered" if recovering else None)
         self._inbox.relist_requested = False
         self._status.etcd_ok = True
         if recovering:
-            logger.info("etcd reachable again: re-listed, restarting watches")
-            self._mirror.watches.start()
+            logger.info("etcd reachable again: listed, watching from there")
 
     async def _full_pass(self) -> None:
         if self._leader.is_leader():
@@ -211,7 +210,11 @@ class Loop:
         except BaseException:
             self._intents.fail_all(intents, EtcdUnavailable(SHUTTING_DOWN))
             raise
-        self._intents.resolve(intents, outcome)
+        try:
+            # Answered once the mirror holds what committed: the records an answer promises are then the store's.
+            await self._mirror.reached(outcome.revision)
+        finally:
+            self._intents.resolve(intents, outcome)
         self._inbox.redo(outcome.redo)
         self._last_batch = time.monotonic()
         if outcome.error is not None:

@@ -1,22 +1,30 @@
-"""The observed mirror kept equal to etcd: paged re-lists, watches, deferred events, peer records.
+"""The mirror: etcd as it was at one known revision R, the only thing plans diff against.
 
-Everything under the roots and the records prefix is mirrored into `Observed` (what plans
-diff against) and the committed records into the `RecordStore`. Watch events of our own
-transactions are recognised by revision without decoding (store/own.py keeps them; the
-commit ledger is told of everyone else's commits); events that arrive while our
-transactions are in flight wait until they are done. Keys someone else changed flag their
-ingress as drifted (`on_drift`), or, in a shared object (render/shared.py), ask for a full pass,
-which repairs the shared objects in use (`on_stale(relist=False)`); a watch etcd cancels asks
-for a re-list (`on_stale(relist=True)`).
+It changes in two ways only: a listing pinned at L (then R = L), or one whole revision r > R
+from the watch, applied in order (reconcile/feed.py); a revision at or below R means the feed
+is broken, and the mirror is listed again. Nothing else writes it: our own transactions come
+back through the watch like anyone's, recognised by revision (write/ledger.py keeps them from
+their reply) and applied from what was written, without decoding. The committed records
+(`RecordStore`) derive from it.
 
-The watches themselves (and their pause during a bulk of our own writes) are in watches.py.
+Keys someone else changed flag their ingress as drifted (`on_drift`), or, in a shared object
+(render/shared.py), ask for a full pass (`on_stale(relist=False)`); a canceled watch asks for
+a listing (`on_stale(relist=True)`).
+
+Callers wait for the mirror instead of reading etcd again: `reached(w)` until R >= w (an
+ingress whose last commit is w), `settled(...)` after a conflict until R reaches the failed
+transaction's header revision or the mirror shows a compared key changed. Every wait is
+bounded: one that runs out lists again, logged and counted with its reason.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
-from collections.abc import Callable, Iterable, Sequence
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 from loguru import logger
 
@@ -24,17 +32,32 @@ from ..errors import RecordDecodeError
 from ..etcd.store import EtcdStore
 from ..etcd.types import WatchEvent
 from ..keys import IngressRef, KeyLayout
+from ..metrics import Metrics
 from ..plan.plan import UnitPlan
 from ..store.observed import Observed
+from ..store.own import OwnCommit
 from ..store.records import RecordStore, decode_record
 from ..supervisor import Supervisor
 from ..write.ledger import CommitLedger
 from ..write.writer import Writer
-from .watches import Watches
+from .feed import Feed
+
+# How long a wait for the mirror may last before it is listed again.
+WAIT_TIMEOUT = 10.0
+
+
+@dataclass(frozen=True)
+class MirrorSummary:
+    """What `GET /v1/mirror` answers: the revision, the prefixes held, the key count and the digest."""
+
+    revision: int
+    prefixes: tuple[str, ...]
+    keys: int
+    digest: str
 
 
 class Mirror:
-    """Reads etcd into `observed` and `store`; the writer's own commits are told apart from others'."""
+    """Keeps `observed` and `store` equal to etcd at one revision."""
 
     def __init__(
         self,
@@ -48,7 +71,9 @@ class Mirror:
         on_drift: Callable[[Sequence[IngressRef]], None],
         on_stale: Callable[[bool], None],
         idle_timeout: float = 60.0,
+        wait_timeout: float = WAIT_TIMEOUT,
         supervisor: Supervisor | None = None,
+        metrics: Metrics | None = None,
     ) -> None:
         self._etcd = etcd
         self._layout = layout
@@ -58,138 +83,203 @@ class Mirror:
         self._ledger = ledger
         self._on_drift = on_drift
         self._on_stale = on_stale
-        self._supervisor = supervisor if supervisor is not None else Supervisor()
-        self._deferred: list[tuple[list[WatchEvent], bool]] = []
-        self._draining: asyncio.Task[None] | None = None
-        self.watches = Watches(
-            etcd, layout, observed, self._on_events, lambda: on_stale(True), idle_timeout=idle_timeout, supervisor=self._supervisor
+        self._wait_timeout = wait_timeout
+        self._metrics = metrics if metrics is not None else Metrics()
+        self._metrics.mirror_revision.read_from(lambda: [((), float(observed.revision))])
+        self._prefixes = (layout.roots_prefix, layout.records_dir)
+        self._moved = asyncio.Event()
+        self._reason = "requested"
+        self.feed = Feed(
+            etcd, layout, deliver=self._deliver, position=lambda: observed.revision,
+            on_canceled=functools.partial(self.request_relist, "compacted"), idle_timeout=idle_timeout, supervisor=supervisor if supervisor is not None else Supervisor(),
         )
+        log_range(self.feed.low, self.feed.high, self._prefixes)
 
-    async def relist(self) -> None:
-        """Rebuild the mirror and the committed records from a paged read."""
+    @property
+    def revision(self) -> int:
+        """R: the etcd revision the mirror is a copy of."""
+        return self._observed.revision
+
+    def start(self) -> None:
+        """Follow etcd through the watch from each listing on."""
+        self.feed.start()
+
+    async def stop(self) -> None:
+        """Stop watching."""
+        await self.feed.stop()
+
+    def request_relist(self, reason: str) -> None:
+        """Ask the write loop for a listing, counted under `reason`."""
+        self._reason = reason
+        self._on_stale(True)
+
+    async def relist(self, reason: str | None = None) -> None:
+        """Rebuild the mirror and the committed records from a paged read pinned at one revision; a new generation starts."""
+        reason = reason or self._reason
+        self._reason = "requested"
         roots = await self._etcd.range_prefix(self._layout.roots_prefix)
         records = await self._etcd.range_prefix(self._layout.records_dir, revision=roots.revision)
         self._observed.load(
             ((kv.key, kv.value, kv.mod_revision) for kv in itertools.chain(roots.kvs, records.kvs)), roots.revision
         )
-        listed = {self.adopt_record(kv.key, kv.value) for kv in records.kvs}
+        listed = {adopt_record(self._layout, self._store, kv.key, kv.value) for kv in records.kvs}
         for ref in [r for r in [*self._store.records, *self._store.tombstones] if r not in listed]:
             self._store.set(ref, None)
-        self.watches.relisted(roots.revision)
-        logger.info("listed etcd at revision {}: {} records, {} keys", roots.revision, len(records.kvs), len(roots.kvs))
+        self._ledger.own.forget_through(roots.revision)
+        generation = self.feed.listed()
+        self._metrics.mirror_relists.labels(reason).inc()
+        self._advanced()
+        logger.info(
+            "listed etcd at revision {} ({}, generation {}): {} records, {} keys",
+            roots.revision, reason, generation, len(records.kvs), len(roots.kvs),
+        )
 
-    def adopt_record(self, key: str, value: str | None) -> IngressRef | None:
-        """Take a record read from etcd (None: deleted) into the store; returns its ingress."""
-        ref = self._layout.record_ref(key)
-        if ref is None:
-            return None
-        self._layout.object_label(ref.authority)  # its objects are now recognised by name
-        if value is None:
-            self._store.set(ref, None)
-            return ref
-        try:
-            record = decode_record(value)
-        except RecordDecodeError as exc:
-            logger.error("ignoring record {}: {}", key, exc.title)
-            return None
-        if record.key != ref:
-            logger.error("ignoring record {}: it holds ingress {}", key, record.key)
-            return None
-        self._store.set(ref, record)
-        return ref
+    def summary(self) -> MirrorSummary:
+        """The revision, the prefixes, the key count and the digest, all from one step (no await in between)."""
+        return MirrorSummary(self._observed.revision, self._prefixes, len(self._observed), self._observed.digest())
 
-    async def refresh(self, units: Iterable[UnitPlan]) -> None:
-        """Re-read what conflicted units guard (each object whole), adopting any record a peer wrote meanwhile.
+    # ----- waiting for the mirror
 
-        Every read is pinned to one revision, so the mirror takes from it only what it does not
-        know newer (our commits and watch events may land while the reads are out).
+    async def reached(self, revision: int, reason: str = "stalled") -> None:
+        """Return once R >= `revision` (listing again, as `reason`, if the watch does not get there in time)."""
+        await self._wait(lambda: self._observed.revision >= revision, reason, revision)
+
+    async def settled(self, units: Sequence[UnitPlan], revision: int, fenced_out: Callable[[], bool]) -> None:
+        """After `units` lost a compare that etcd evaluated at `revision`: return once the mirror can tell why.
+
+        That is once R >= `revision`, or the mirror already shows one of their compared keys
+        (or a shared object they need) changed; or, for a fenced write, once leadership is lost.
         """
-        # The reads are pinned at the revision of the first answer, no older than what both
-        # watches have delivered now: the deletions after that stay known until they are in.
-        observed = self._observed
-        with observed.deletions.held(min(observed.keys_seen, observed.records_seen)):
-            await self._reread(units)
+        compares = [c for u in units for c in u.compares if not c.prefix and c.target == "MOD" and c.result == "EQUAL"]
+        witnesses = [witness for u in units for _path, witness in u.needs]
+        get = self._observed.get
 
-    async def _reread(self, units: Iterable[UnitPlan]) -> None:
-        revision = 0
-        for unit in units:
-            for obj in [*unit.objects, *(path for path, _witness in unit.needs)]:
-                page = await self._etcd.range_prefix(obj + "/", revision=revision)
-                revision = page.revision
-                self._observed.replace_object(obj, page.kvs, revision)
-            for compare in unit.compares:
-                if compare.prefix or any(compare.key.startswith(obj + "/") for obj in unit.objects):
-                    continue  # read with its object above
-                found, revision = await self._etcd.get_at(compare.key, revision)
-                value = found.value if found else None
-                taken = self._observed.observe(compare.key, value, found.mod_revision if found else revision)
-                if taken and unit.owner is not None and compare.key == self._layout.record_key(unit.owner):
-                    self.adopt_record(compare.key, value)
+        def mod(key: str) -> int:
+            found = get(key)
+            return found[1] if found is not None else 0
 
-    async def stop(self) -> None:
-        """Stop watching, and applying deferred events."""
-        await self.watches.stop()
-        if self._draining is not None:
-            self._draining.cancel()
-            await asyncio.gather(self._draining, return_exceptions=True)
+        def changed() -> bool:
+            if self._observed.revision >= revision or fenced_out():
+                return True
+            return any(mod(c.key) != c.mod_revision for c in compares) or any(get(w) is None for w in witnesses)
 
-    def _on_events(self, events: list[WatchEvent], roots: bool) -> None:
-        if self._writer.busy:
-            # Our own transactions are in flight: their events are recognised by revision once
-            # the replies are in, without decoding them.
-            self._deferred.append((events, roots))
-            if self._draining is None or self._draining.done():
-                self._draining = self._supervisor.spawn("deferred events", self._drain_deferred)
-            return
-        self.apply_events(events, roots=roots)
+        await self._wait(changed, "conflict", revision)
 
-    async def _drain_deferred(self) -> None:
-        while self._deferred:
-            await self._writer.wait_idle()
-            deferred, self._deferred = self._deferred, []
-            for events, roots in deferred:
-                self.apply_events(events, roots=roots)
+    async def _wait(self, done: Callable[[], bool], reason: str, revision: int) -> None:
+        deadline = time.monotonic() + self._wait_timeout
+        while not done():
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                logger.warning(
+                    "the mirror stayed at revision {} for {:.0f}s short of revision {}: listing etcd again",
+                    self._observed.revision, self._wait_timeout, revision,
+                )
+                await self.relist(reason)
+                return
+            moved = self._moved
+            try:
+                await asyncio.wait_for(moved.wait(), remaining)
+            except TimeoutError:
+                continue
 
-    def apply_events(self, events: Sequence[WatchEvent], *, roots: bool = False) -> None:
-        """Mirror events from a watch; ingresses someone else changed are reported as drifted.
+    def _advanced(self) -> None:
+        moved, self._moved = self._moved, asyncio.Event()
+        moved.set()
 
-        `roots`: the events are a message of the roots' watch, which delivers every write under
-        the roots in revision order, so the mirror then holds every key written up to the last.
-        """
+    # ----- the watch
+
+    async def _deliver(self, generation: int, events: list[WatchEvent]) -> bool:
+        # Replies of the transactions in flight come first: a revision of ours is then known as ours.
+        await self._writer.replies_in()
+        if generation != self.feed.generation:
+            return True  # a listing replaced the mirror meanwhile: this message is of the past
+        return self.apply(events)
+
+    def apply(self, events: Sequence[WatchEvent]) -> bool:
+        """Apply one watch message (whole revisions, in order); False (and a listing asked for) when it is out of order."""
         changed: set[IngressRef] = set()
-        for event in events:
-            if event.mod_revision <= self._observed.revision or event.mod_revision in self._observed.own:
-                continue  # already known, or written by us (a txn is one revision)
-            ref = self._apply_event(event)
-            if ref is not None:
-                changed.add(ref)
-        if events:
-            newest = max(e.mod_revision for e in events)
-            if roots:
-                self._observed.keys_seen = max(self._observed.keys_seen, newest)
-            else:
-                self._observed.records_seen = max(self._observed.records_seen, newest)
-            # Both watches are past these deletions: no older put of their keys can arrive now.
-            self._observed.deletions.forget_through(min(self._observed.keys_seen, self._observed.records_seen))
-        if changed:
-            self._on_drift(sorted(changed))
+        try:
+            for revision, group in itertools.groupby(events, key=lambda e: e.mod_revision):
+                if revision <= self._observed.revision:
+                    logger.error("the watch sent revision {} after {}: listing etcd again", revision, self._observed.revision)
+                    self.request_relist("out-of-order")
+                    return False
+                own = self._ledger.own.take(revision)
+                if own is not None:
+                    self._apply_own(own, revision)
+                else:
+                    self._apply_others(list(group), revision, changed)
+                self._observed.revision = revision
+        finally:
+            if events:
+                self._advanced()
+            if changed:
+                self._on_drift(sorted(changed))
+        return True
 
-    def _apply_event(self, event: WatchEvent) -> IngressRef | None:
-        key, value = event.key, event.value
-        if not self._observed.observe(key, value, event.mod_revision):
-            return None  # our own write, already applied, or older than what a later commit or read left
-        if self._writer.is_writing(key, value):
-            return None  # our own transaction, seen before its reply
-        if key.startswith(self._layout.records_dir):
-            ref = self.adopt_record(key, value)
-            if ref is not None:
-                self._ledger.observed(ref, event.mod_revision, record=True)
-            return ref
+    def _apply_own(self, own: OwnCommit, revision: int) -> None:
+        records_dir = self._layout.records_dir
+        for key, value in own.changes:
+            self._observed.set(key, value, revision)
+            if key.startswith(records_dir):
+                ref = self._layout.record_ref(key)
+                if ref is not None and ref in own.records:
+                    self._store.set(ref, own.records[ref])
+                else:
+                    adopt_record(self._layout, self._store, key, value)
+
+    def _apply_others(self, events: list[WatchEvent], revision: int, changed: set[IngressRef]) -> None:
+        roots, records_dir = self._layout.roots_prefix, self._layout.records_dir
+        for event in events:
+            key = event.key
+            if key.startswith(records_dir):
+                value = None if event.deleted else event.value
+                self._observed.set(key, value, revision)
+                ref = adopt_record(self._layout, self._store, key, value)
+                if ref is not None:
+                    self._ledger.observed(ref, revision, record=True)
+                    changed.add(ref)
+            elif key.startswith(roots):
+                self._observed.set(key, None if event.deleted else event.value, revision)
+                self._changed_key(key, revision, changed)
+            # Anything else in the watched range is not the mirror's: dropped by key, its value unread.
+
+    def _changed_key(self, key: str, revision: int, changed: set[IngressRef]) -> None:
         # Peers (other sidecars) write these keys too: only a repair is worth an INFO line.
-        logger.debug("key {} changed by another writer at revision {}", key, event.mod_revision)
+        logger.debug("key {} changed by another writer at revision {}", key, revision)
         ref = self._layout.owner_of_key(key)
         if ref is not None:
-            self._ledger.observed(ref, event.mod_revision, record=False)
+            self._ledger.observed(ref, revision, record=False)
+            changed.add(ref)
         elif (obj := self._layout.object_of(key)) is not None and self._layout.is_shared(obj):
             self._on_stale(False)
+
+def log_range(low: str, high: str, prefixes: tuple[str, str]) -> None:
+    """Say what the one watch covers; a range between prefixes that share nothing spans every key between them."""
+    shared = prefixes[0][:1] == prefixes[1][:1]
+    # Keys in the range outside both prefixes cost etcd a message each, dropped here unread.
+    logger.log(
+        "INFO" if shared else "WARNING", "watching one key range, {!r} up to {!r}: the roots and the records prefix{}",
+        low, high, "" if shared else " share no leading characters, so the range spans every key between them",
+    )
+
+
+def adopt_record(layout: KeyLayout, store: RecordStore, key: str, value: str | None) -> IngressRef | None:
+    """Take a record read from etcd (None: deleted) into `store`; returns its ingress (None: not a record of one)."""
+    ref = layout.record_ref(key)
+    if ref is None:
+        return None
+    layout.object_label(ref.authority)  # its objects are now recognised by name
+    if value is None:
+        store.set(ref, None)
         return ref
+    try:
+        record = decode_record(value)
+    except RecordDecodeError as exc:
+        logger.error("ignoring record {}: {}", key, exc.title)
+        return None
+    if record.key != ref:
+        logger.error("ignoring record {}: it holds ingress {}", key, record.key)
+        return None
+    store.set(ref, record)
+    return ref

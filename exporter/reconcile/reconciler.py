@@ -107,7 +107,7 @@ class Reconciler:
         self._mirror = Mirror(
             etcd, layout, self.observed, self.store, writer, self.ledger,
             on_drift=self._drifted, on_stale=self._stale, idle_timeout=max(60.0, cadence.reconcile_interval * 2),
-            supervisor=self._supervisor,
+            supervisor=self._supervisor, metrics=metrics,
         )
         committer = Committer(
             planner=planner, observed=self.observed, store=self.store, writer=writer, mirror=self._mirror,
@@ -127,7 +127,7 @@ class Reconciler:
     async def start(self) -> None:
         """Start the write loop and the watches; returns at once (see `wait_synced`)."""
         self._task = self._supervisor.spawn("reconcile-loop", self._loop.run)
-        self._mirror.watches.start()
+        self._mirror.start()
 
     async def wait_synced(self, timeout: float | None = None) -> None:
         """Wait until the first full sync with etcd is done."""

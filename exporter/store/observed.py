@@ -1,23 +1,20 @@
-"""A mirror of the keys observed in etcd under the managed roots and the records prefix.
+"""A mirror of the keys etcd holds under the managed roots and the records prefix, at one revision.
 
-Fed by paged range reads, by the writer's own committed transactions and by the watch;
-indexed by owning ingress so that planning one ingress touches only its own keys. These
-sources arrive out of revision order, so each change is taken only when it is newer than
-what the mirror knows of its key, deletions included (`observe`, store/deletions.py). Shared
-objects (render/shared.py) are indexed by path, with how many keys reference each: one no key
+Written only by the mirror (reconcile/mirror.py): a listing at a revision, then each later
+revision whole and in order, so at every moment it is etcd as it was at `revision`. Indexed
+by owning ingress so that planning one ingress touches only its own keys. Shared objects
+(render/shared.py) are indexed by path, with how many keys reference each: one no key
 references is an orphan, deleted by the next plan of its root.
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Collection, Iterable, Iterator
 from typing import cast
 
-from ..etcd.types import KeyValue
 from ..keys import BEACON_KEY, IngressRef, KeyLayout
 from .beacons import Beacons
-from .deletions import Deletions
-from .own import OwnRevisions
 from .shared import SharedIndex
 
 
@@ -39,15 +36,8 @@ class Observed:
         # Shared objects: their keys, what references each, the orphans.
         self.sharing = SharedIndex(layout)
         self.beacons = Beacons()
+        # The etcd revision the mirror is a copy of (0: not listed yet).
         self.revision = 0
-        # Every write under the roots up to this revision is in the mirror (the roots' watch has
-        # delivered it, or a full read was taken there); the records' watch may run ahead of it.
-        self.keys_seen = 0
-        # The same for the records' watch.
-        self.records_seen = 0
-        self.deletions = Deletions()
-        # Our own commits, whose keys the mirror took from the reply (the commit ledger adds them).
-        self.own = OwnRevisions()
 
     def set(self, key: str, value: str | None, mod_revision: int) -> None:
         """Record a put (value) or delete (None) seen at `mod_revision`."""
@@ -80,24 +70,6 @@ class Observed:
             owned.remove(key)
         if not owned:
             del self._owned[owner]
-
-    def newer(self, key: str, revision: int) -> bool:
-        """True when the mirror knows of a change of `key` at `revision` or later (a put or a delete)."""
-        mod = self._mods.get(key)
-        return (mod if mod is not None else self.deletions.at(key)) >= revision
-
-    def observe(self, key: str, value: str | None, revision: int) -> bool:
-        """Take a put (value) or delete (None) of `key` at `revision` unless the mirror knows a newer change; True if taken."""
-        if self.newer(key, revision):
-            return False
-        if value is None:
-            self.deletions.deleted(key, revision)  # also when absent: an older put may still be on its way
-            if key not in self._values:
-                return False
-        else:
-            self.deletions.put(key)
-        self.set(key, value, revision)
-        return True
 
     def _owner_of(self, key: str) -> tuple[str | None, tuple[str, str] | None]:
         """The object path of a key under a root, and the (label, id) that object is named for."""
@@ -136,35 +108,15 @@ class Observed:
         self._owned.clear()
         self._loose.clear()
         self.sharing.clear()
-        self.deletions.clear()
         revisions: dict[int, int] = {}
         for key, value, mod in kvs:
             self.set(key, value, revisions.setdefault(mod, mod))
-        # Exactly `revision`: what a watch delivered past it while the read was out is gone with
-        # the mirror this replaces (the watches resume right after it).
-        self.revision = self.keys_seen = self.records_seen = revision
-
-    def keys_current(self, revision: int) -> bool:
-        """True when the mirror holds every key written under the roots at `revision` (a record's commit)."""
-        return revision <= self.keys_seen or revision in self.own
+        self.revision = revision
 
     def get(self, key: str) -> tuple[str, int] | None:
         """The observed value and mod_revision of one key (None: not there)."""
         value = self._values.get(key)
         return None if value is None else (value, self._mods[key])
-
-    def replace_object(self, object_path: str, kvs: Iterable[KeyValue], revision: int) -> None:
-        """Take a read of one object made at `revision`: keys it lacks are gone, unless the mirror knows them newer."""
-        owner, lead = self.layout.object_key_of(object_path), object_path + "/"
-        if owner is not None:
-            known: Iterable[str] = self._owned.get(owner, ())
-        else:
-            known = self.sharing.keys.get(object_path, ()) if self.layout.is_shared(object_path) else self._loose
-        read = {kv.key: kv for kv in kvs}
-        for key in [k for k in known if k.startswith(lead) and k not in read]:
-            self.observe(key, None, revision)
-        for kv in read.values():
-            self.observe(kv.key, kv.value, kv.mod_revision)
 
     def objects_of(self, ref: IngressRef) -> dict[str, dict[str, tuple[str, int]]]:
         """The observed objects under the ingress's root named for it, with their keys."""
@@ -220,3 +172,16 @@ class Observed:
         """Every observed key under one root (a full scan; used by full reconciles and reports)."""
         prefix = root + "/"
         return {k: (v, self._mods[k]) for k, v in self._values.items() if k.startswith(prefix)}
+
+    def __len__(self) -> int:
+        return len(self._values)
+
+    def digest(self) -> str:
+        """The lowercase hex SHA-256 of every key, in ascending byte order: key, 0x00, value, 0x00, mod_revision
+        in ASCII decimal, 0x0A (what a range read of etcd at `revision` hashes to as well)."""
+        sha = hashlib.sha256()
+        values, mods = self._values, self._mods
+        # str order is code point order, which is UTF-8 byte order.
+        for key in sorted(values):
+            sha.update(b"%s\0%s\0%d\n" % (key.encode(), values[key].encode(), mods[key]))
+        return sha.hexdigest()

@@ -183,21 +183,6 @@ class RecordStore:
             for listener in self._listeners:
                 listener(key, record.ingress)
 
-    def committed(self, key: IngressRef, record: Record | None) -> None:
-        """Take a record this exporter just committed (None: it deleted an expired tombstone), unless a newer one is known.
-
-        Between our transaction's reply and this call the watch may have brought a peer's
-        commit after ours (a newer revision, a removal at the same revision, a record created
-        after our delete): etcd holds that one, so it stays. Otherwise a later plan would start
-        from our older record and write it back over the peer's.
-        """
-        current = self.latest(key)
-        if current is not None and current is not record and (
-            (record is None and not current.removed) or (record is not None and supersedes(current.revision, current.removed, record))
-        ):
-            return
-        self.set(key, record)
-
     def by_authority(self, authority: str | None = None) -> list[Record]:
         """Every live record, or those of one authority, ordered by key."""
         return [r for k, r in sorted(self.records.items()) if authority is None or k[0] == authority]

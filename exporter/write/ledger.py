@@ -10,8 +10,10 @@ This keeps what committed:
   wrote nothing under the root, so it is not what Traefik must apply (`revision_of` leaves it
   out), and while keys it asked for are still unwritten the ingress `awaits_keys`.
 
-Every committed transaction updates the mirror and adds its revision to our own revisions
-(store/own.py), so the watch tells our commits from anyone else's without decoding them.
+Every committed transaction is kept as one of our own commits (store/own.py) until the watch
+delivers its revision: the mirror then applies it from what was written, without decoding
+it, and reports none of it as drift. Until then an ingress's last commit (`unseen`) is newer
+than the mirror, and nothing plans it.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ from collections.abc import Sequence
 from ..keys import IngressRef
 from ..plan.plan import Change, UnitPlan
 from ..store.observed import Observed
+from ..store.own import OwnCommit, OwnCommits
+from ..store.records import Record
 
 
 class CommitLedger:
@@ -36,6 +40,9 @@ class CommitLedger:
         # Records that committed without their keys (the revision), and those whose keys still wait.
         self._record_only: dict[IngressRef, int] = {}
         self._awaiting: dict[IngressRef, int] = {}
+        # Our commits the watch has not delivered yet, and each ingress's last commit.
+        self.own = OwnCommits()
+        self._last: dict[IngressRef, int] = {}
 
     # ----- what committed
 
@@ -51,15 +58,17 @@ class CommitLedger:
 
     def committed(self, units: Sequence[UnitPlan], changes: Sequence[Change], revision: int) -> None:
         """A transaction carrying `changes` (parts of `units`) committed at `revision`."""
-        self._observed.own.add(revision)
-        written = set()
-        for change in changes:
-            self._observed.observe(change.key, change.new, revision)
-            written.add(change.key)
+        written = {change.key: change.new for change in changes}
+        records: dict[IngressRef, Record | None] = {}
         for unit in units:
             ref = unit.owner
             if ref is None:
                 continue
+            self._last[ref] = max(revision, self._last.get(ref, 0))
+            if unit.record_key in written:
+                new = written[unit.record_key]
+                if unit.record is None or unit.record.value == new:
+                    records[ref] = unit.record if new is not None else None
             if ref in self._pending:
                 self._pending[ref] -= 1
             if not unit.root:  # a record committed alone: its keys are as they were
@@ -73,6 +82,8 @@ class CommitLedger:
             else:
                 self._keys[ref] = revision
             self._awaiting.pop(ref, None)
+        if revision > self._observed.revision:
+            self.own.add(revision, OwnCommit([(c.key, c.new) for c in changes], records))
 
     def observed(self, ref: IngressRef, revision: int, *, record: bool) -> None:
         """Another writer changed the ingress (its record when `record`) at `revision`."""
@@ -87,6 +98,14 @@ class CommitLedger:
             del self._awaiting[ref]
 
     # ----- readers
+
+    def unseen(self, ref: IngressRef) -> int:
+        """The revision of the ingress's last commit when the mirror has not reached it yet (0: it has)."""
+        last = self._last.get(ref, 0)
+        if last and last <= self._observed.revision:
+            del self._last[ref]
+            return 0
+        return last
 
     def record_revision(self, ref: IngressRef) -> int:
         """The etcd revision the ingress's record committed at (0: it has none)."""

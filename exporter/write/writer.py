@@ -4,8 +4,8 @@ Whole-unit transactions are independent (no ingress references another's objects
 may commit in any order, except that one needing a shared object another writes is sent after
 it (write/packing.py). The chunks of an oversized unit commit strictly in order, each
 guarded as the commit rule says (plan/guards.py: its record as the first chunk left it,
-nothing under it changed since the previous chunk). The ledger is told of every committed transaction: it
-updates the observed mirror, so the next plan starts from what etcd now holds.
+nothing under it changed since the previous chunk). The ledger is told of every committed transaction: the
+mirror applies it when the watch delivers its revision.
 """
 
 from __future__ import annotations
@@ -34,12 +34,18 @@ _ETCD_REQUEST_BYTES = 1_000_000
 
 @dataclass(slots=True)
 class ApplyResult:
-    """Which units committed, which lost a compare (re-plan them), and the etcd error if any."""
+    """Which units committed, which lost a compare (re-plan them), and the etcd error if any.
+
+    `revision`: the newest revision a transaction committed at; `conflict_revision`: the newest
+    revision etcd evaluated a failed compare at (its reply's header).
+    """
 
     committed: list[UnitPlan] = field(default_factory=list)
     conflicted: list[UnitPlan] = field(default_factory=list)
     failed: list[UnitPlan] = field(default_factory=list)
     error: EtcdError | None = None
+    revision: int = 0
+    conflict_revision: int = 0
 
     def merge(self, other: ApplyResult) -> None:
         """Add another apply's results to this one."""
@@ -47,14 +53,22 @@ class ApplyResult:
         self.conflicted += other.conflicted
         self.failed += other.failed
         self.error = self.error or other.error
+        self.revision = max(self.revision, other.revision)
+        self.conflict_revision = max(self.conflict_revision, other.conflict_revision)
+
+    def answered(self, succeeded: bool, revision: int) -> None:
+        """A transaction of this apply was answered at `revision`."""
+        if succeeded:
+            self.revision = max(self.revision, revision)
+        else:
+            self.conflict_revision = max(self.conflict_revision, revision)
 
 
 class Writer:
     """Commits plans; `fence` compares (leadership) are added to every transaction.
 
-    It also answers what the watch needs to tell its own writes from anyone else's, beside
-    our own revisions (store/own.py): whether a value is being written right now, and when no
-    transaction is in flight.
+    The watch waits for the replies of the transactions in flight (`replies_in`) before it
+    applies a message, so a revision of ours is known as ours (write/ledger.py) when it comes.
     """
 
     def __init__(
@@ -72,29 +86,17 @@ class Writer:
         self._max_ops = max_ops or _ETCD_TXN_OPS
         self._max_bytes = max_bytes or _ETCD_REQUEST_BYTES
         self._in_flight = asyncio.Semaphore(max_in_flight)
-        # Values being written right now: the watch can report them before the txn reply arrives.
-        self._writing: dict[str, str | None] = {}
-        # Set while no transaction is in flight.
-        self._idle = asyncio.Event()
-        self._idle.set()
-        self._sending = 0
+        # One event per transaction sent and not answered yet.
+        self._flying: set[asyncio.Event] = set()
 
     def set_limits(self, max_ops: int, max_bytes: int) -> None:
         """etcd's limits per transaction (detected once etcd answers)."""
         self._max_ops, self._max_bytes = max_ops, max_bytes
 
-    def is_writing(self, key: str, value: str | None) -> bool:
-        """True when a transaction in flight writes `value` (None: a delete) at `key`."""
-        return key in self._writing and self._writing[key] == value
-
-    @property
-    def busy(self) -> bool:
-        """True while a transaction is in flight."""
-        return not self._idle.is_set()
-
-    async def wait_idle(self) -> None:
-        """Return once no transaction is in flight."""
-        await self._idle.wait()
+    async def replies_in(self) -> None:
+        """Return once every transaction in flight now is answered (or failed): their revisions are then known."""
+        if self._flying:
+            await asyncio.gather(*(event.wait() for event in list(self._flying)))
 
     async def apply(
         self, groups: Sequence[Sequence[UnitPlan]], fence: Sequence[Compare] = (), shared: Mapping[str, UnitPlan] | None = None
@@ -123,22 +125,18 @@ class Writer:
             if (key := self._layout.beacon_key(root)) not in written
         ]
 
-    async def _send(self, txn: Txn, compares: Sequence[Compare]) -> tuple[bool, int]:
+    async def _send(self, txn: Txn, compares: Sequence[Compare], result: ApplyResult) -> tuple[bool, int]:
         async with self._in_flight:
             changes = txn.changes + self._beacons(txn)
-            for change in changes:
-                self._writing[change.key] = change.new
-            self._sending += 1
-            self._idle.clear()
+            answered = asyncio.Event()
+            self._flying.add(answered)
             try:
                 reply = await self._etcd.txn(compares, [Op(c.key, c.new) for c in changes])
                 self._record(txn, changes, reply.succeeded, reply.revision)
+                result.answered(reply.succeeded, reply.revision)
             finally:
-                for change in changes:
-                    self._writing.pop(change.key, None)
-                self._sending -= 1
-                if not self._sending:
-                    self._idle.set()
+                self._flying.discard(answered)
+                answered.set()
         return reply.succeeded, reply.revision
 
     def _record(self, txn: Txn, changes: list[Change], succeeded: bool, revision: int) -> None:
@@ -154,7 +152,7 @@ class Writer:
     async def _commit_whole(self, txn: Txn, fence: Sequence[Compare], result: ApplyResult, done: Mapping[int, asyncio.Event]) -> None:
         try:
             await _after(txn, done)
-            ok, _revision = await self._send(txn, [*txn.compares, *txn.requires, *fence])
+            ok, _revision = await self._send(txn, [*txn.compares, *txn.requires, *fence], result)
         except EtcdError as exc:
             self._metrics.etcd_errors.inc()
             result.error = exc
@@ -175,7 +173,7 @@ class Writer:
         try:
             for txn in chunks:
                 try:
-                    ok, revision = await self._send(txn, [*compares, *txn.requires, *fence])
+                    ok, revision = await self._send(txn, [*compares, *txn.requires, *fence], result)
                 except EtcdError as exc:
                     self._metrics.etcd_errors.inc()
                     result.error = exc
@@ -186,7 +184,7 @@ class Writer:
                     return
                 if guards.carries_record(unit, txn.changes):
                     record_rev = revision
-                compares = guards.next_part_guards(unit, record_rev, revision)
+                compares = guards.next_part_guards(unit, record_rev)
             result.committed.append(unit)
         finally:
             self.ledger.ended(unit)

@@ -77,25 +77,8 @@ def test_update_changes_only_what_differs_and_guards_on_observed_revisions() -> 
     signs = {c.key.rsplit("test_llama/", 1)[-1]: c.sign for c in unit.changes}
     assert signs == {"records/test/llama": "~", "loadBalancer/servers/000/url": "~"}
     assert unit.compares[0] == Compare("records/test/llama", "EQUAL", 7)
-    assert Compare("traefik/worker_test/http/services/test_llama/", "LESS", 8, prefix=True) in unit.compares
-
-
-def test_the_record_compare_alone_guards_once_the_mirror_holds_the_keys_committed_with_the_record() -> None:
-    p, obs, v2 = updated_after_revision_7()
-    objects = ("traefik/worker_test/http/routers/test_llama", "traefik/worker_test/http/services/test_llama")
-
-    def guards() -> list[Compare]:
-        (unit,) = p.plan({v2.key: v2}, obs, owners=[v2.key]).units
-        assert unit.objects == objects  # what a conflict re-reads, compared or not
-        return unit.compares
-
-    # The roots' watch has not delivered revision 7 (a peer's commit): its keys may be missing.
-    assert [c.key for c in guards() if c.prefix] == [o + "/" for o in objects]
-    obs.keys_seen = 7
-    assert guards() == [Compare("records/test/llama", "EQUAL", 7)]
-    obs.keys_seen = 6
-    obs.own.add(7)  # our own commit: the mirror took its keys from the reply
-    assert guards() == [Compare("records/test/llama", "EQUAL", 7)]
+    # The mirror is etcd at one revision, records and keys alike: the record compare alone guards the ingress.
+    assert unit.compares == [Compare("records/test/llama", "EQUAL", 7)]
 
 
 def test_removal_deletes_every_owned_key_and_the_record() -> None:
@@ -234,24 +217,21 @@ def test_a_tombstone_refuses_older_upserts_and_accepts_newer() -> None:
 
 def test_plan_ingress_with_no_difference_is_none() -> None:
     assert plan_ingress(
-        owner=IngressRef("a", "b"), desired={"k": "v"}, observed_objects={"o": {"k": ("v", 3)}}, desired_objects=("o",),
+        owner=IngressRef("a", "b"), desired={"k": "v"}, observed_objects={"o": {"k": ("v", 3)}},
         record_key="rec", desired_record=None, observed_record=None,
     ) is None
 
 
-def test_objects_not_seen_yet_are_guarded_once_a_record_is_seen() -> None:
+def test_every_ingress_transaction_is_guarded_by_its_record_compare_alone() -> None:
     rec = record("llama", upstream=UP)
 
     def unit(observed_record: tuple[str, int] | None) -> UnitPlan | None:
-        return plan_ingress(owner=rec.key, desired={"o/k": "v"}, observed_objects={}, desired_objects=("o",),
-                            record_key="rec", desired_record=rec, observed_record=observed_record)
+        return plan_ingress(owner=rec.key, desired={"o/k": "v"}, observed_objects={}, record_key="rec", desired_record=rec,
+                            observed_record=observed_record)
 
-    # A brand-new ingress: the record compare alone.
-    new = unit(None)
+    new, seen = unit(None), unit(("other", 5))
     assert new is not None and new.compares == [Compare("rec", "EQUAL", 0)]
-    # A peer's record seen before its keys (another watch): its objects must still be empty.
-    seen = unit(("other", 5))
-    assert seen is not None and seen.compares == [Compare("rec", "EQUAL", 5), Compare("o/", "LESS", 1, prefix=True)]
+    assert seen is not None and seen.compares == [Compare("rec", "EQUAL", 5)]
 
 
 def test_format_prints_added_removed_changed_and_foreign() -> None:

@@ -88,59 +88,6 @@ async def test_a_foreign_edit_between_plan_and_commit_is_seen_by_the_watch_and_r
         await eventually(lambda: _value_is(etcd, url, "http://10.0.0.5:8000"))
 
 
-async def test_a_push_planned_while_the_roots_watch_lags_behind_a_peers_record_is_guarded_by_its_keys(etcd: FakeEtcd) -> None:
-    # A peer commits revision 2 (its record and keys, one transaction: an allowlist middleware
-    # the router now uses); our records' watch delivers it, the roots' watch not yet. Revision
-    # 3 drops the allowlist: planned against the keys of revision 1 it would change nothing
-    # under the root and leave the peer's middleware in use. Range compares catch it.
-    # Both are followers meanwhile: no drift repair rewrites the keys behind the push's back.
-    iid = uid()
-    router = f"{ROOT}/http/routers/{AUTHORITY}_{iid}/"
-    peer_leads = Leader(True)
-    async with running(etcd, leader=Leader(False)) as rec, running(etcd, leader=peer_leads) as peer:
-        await rec.submit([record(iid, upstream=UP)])
-        etcd.hold(LAYOUT.roots_prefix)
-        await peer.submit([record(iid, revision=2, upstream=UP, allowed_client_ips=["10.0.0.0/8"])])
-        peer_leads.leading = False
-        assert any("/middlewares/" in k for k in etcd.keys(router))
-        await eventually(lambda: _stored_revision(rec, iid, 2))
-        before = len(etcd.txns)
-        await rec.submit([record(iid, revision=3, upstream=UP)])
-        assert [ok for _c, _o, ok in etcd.txns[before:]] == [False, True]
-        assert not any("/middlewares/" in k for k in etcd.keys(router))
-        etcd.release(LAYOUT.roots_prefix)
-        # Once the roots' watch has delivered past a peer's commit, its record compare suffices.
-        await peer.submit([record(iid, revision=4, upstream=UP, path_prefix="/v4")])
-        committed = etcd.revision
-        await eventually(lambda: _stored_revision(rec, iid, 4))
-        await eventually(lambda: _keys_seen(rec, committed))
-        before = len(etcd.txns)
-        await rec.submit([record(iid, revision=5, upstream=UP, path_prefix="/v5")])
-        (compares, _ops, ok), = etcd.txns[before:]
-        assert ok and not any(c.prefix for c in compares)
-
-
-async def test_a_recreate_planned_while_the_roots_watch_lags_behind_a_peers_removal_writes_every_key(etcd: FakeEtcd) -> None:
-    # A peer removes the ingress (its tombstone and the deletes, one transaction); our records'
-    # watch delivers the tombstone, the roots' watch not yet. Re-created as it was, the plan
-    # against the keys still mirrored would write the record alone: a range compare passes on
-    # deleted keys, the compare on one key of each object does not.
-    iid = uid()
-    peer_leads = Leader(True)
-    async with running(etcd, leader=Leader(False)) as rec, running(etcd, leader=peer_leads) as peer:
-        await rec.submit([record(iid, upstream=UP)])
-        etcd.hold(LAYOUT.roots_prefix)
-        await peer.submit([], [Removal(IngressRef(AUTHORITY, iid), 2)])
-        peer_leads.leading = False
-        assert etcd.value(rule_key(iid)) is None
-        await eventually(lambda: _tombstone_of(rec, iid, 2))
-        before = len(etcd.txns)
-        await rec.submit([record(iid, revision=3, upstream=UP)])
-        assert [ok for _c, _o, ok in etcd.txns[before:]] == [False, True]
-        assert etcd.value(rule_key(iid)) == f"Host(`{iid}.test`)"
-        etcd.release(LAYOUT.roots_prefix)
-
-
 async def test_a_newer_record_a_peer_committed_makes_the_request_stale_and_is_adopted(etcd: FakeEtcd) -> None:
     iid = uid()
     async with running(etcd) as rec, running(etcd) as peer:
@@ -257,30 +204,6 @@ async def test_a_removal_a_peer_made_newer_while_ours_waits_is_kept_and_ours_ans
         assert value is not None and decode_record(value).removed and decode_record(value).revision == 2
 
 
-def test_a_record_we_committed_does_not_replace_a_newer_one_the_watch_brought_first() -> None:
-    # Our transaction's reply and a peer's later commit race: when the watch delivers the peer's
-    # first, taking ours afterwards would make the next plan write our older record back.
-    iid = uid()
-    ref = IngressRef(AUTHORITY, iid)
-    store = RecordStore()
-    ours, peers = record(iid, revision=16, upstream=UP).removal(16, 0.0), record(iid, revision=17, upstream=UP)
-    store.set(ref, peers)
-    store.committed(ref, ours)
-    assert store.latest(ref) is peers
-    removed_by_peer = peers.removal(17, 0.0)  # a removal at the revision we wrote live
-    store.set(ref, removed_by_peer)
-    store.committed(ref, peers)
-    assert store.latest(ref) is removed_by_peer
-    store.committed(ref, None)  # our delete of an expired tombstone: nothing newer came
-    assert store.latest(ref) is None
-    store.set(ref, peers)
-    store.committed(ref, None)  # a record created after our delete stays
-    assert store.latest(ref) is peers
-    newer = record(iid, revision=18, upstream=UP)
-    store.committed(ref, newer)
-    assert store.latest(ref) is newer
-
-
 async def test_the_same_record_committed_by_a_peer_answers_the_request_without_a_second_write(etcd: FakeEtcd) -> None:
     iid = uid()
     wanted = record(iid, revision=2, upstream=UP)
@@ -328,15 +251,14 @@ async def test_a_deposed_leaders_fenced_repair_commits_nothing(etcd: FakeEtcd) -
         assert etcd.value(rule_key(iid)) == "Host(`edited.test`)"
 
 
-async def test_events_during_our_own_transactions_are_deferred_ours_ignored_and_others_repaired(etcd: FakeEtcd) -> None:
+async def test_a_watch_message_waits_for_the_replies_in_flight_ours_are_not_drift_and_others_are_repaired(etcd: FakeEtcd) -> None:
     iid, other = uid(), uid()
     async with running(etcd, leader=Leader()) as rec:
         await rec.submit([record(other, upstream=UP)])
 
         async def edit_while_we_write(_c: Sequence[Compare], _o: Sequence[Op]) -> None:
-            # The watch hands the edit over while our transaction is in flight.
-            edited = await etcd.put(rule_key(other), "Host(`edited.test`)")
-            await eventually(lambda: _delivered(etcd, LAYOUT.roots_prefix, edited))
+            # The watch hands the edit over while our transaction is in flight: applied after its reply.
+            await etcd.put(rule_key(other), "Host(`edited.test`)")
 
         etcd.before_txn = edit_while_we_write
         await rec.submit([record(iid, upstream=UP)])
@@ -346,23 +268,10 @@ async def test_events_during_our_own_transactions_are_deferred_ours_ignored_and_
         assert len(repaired) == 1 and {op.key for op in repaired[0]} == {rule_key(other), LAYOUT.beacon_key(ROOT)}
 
 
-async def test_a_bulk_pauses_the_watches_and_resumes_them_past_its_own_commits(etcd: FakeEtcd) -> None:
-    ids = [uid() for _ in range(1000)]
-    async with running(etcd, leader=Leader()) as rec:
-        await eventually(lambda: _watches_created(etcd, 2))
-        await rec.submit([record(i, upstream=UP) for i in ids])
-        # etcd is not asked to send the bulk back: both watches start after its last revision.
-        await eventually(lambda: _watches_created(etcd, 4))
-        assert {start for _prefix, start in etcd.watch_starts[2:]} == {etcd.revision + 1}
-        assert len([ok for _c, _o, ok in etcd.txns if ok]) > 10
-        # and still see what anyone else writes afterwards
-        await etcd.put(rule_key(ids[0]), "Host(`edited.test`)")
-        await eventually(lambda: _value_is(etcd, rule_key(ids[0]), f"Host(`{ids[0]}.test`)"))
-
-
-async def test_a_foreign_write_during_a_bulk_is_replayed_when_the_watches_resume_and_repaired(etcd: FakeEtcd) -> None:
+async def test_a_bulk_keeps_the_one_watch_running_and_a_foreign_write_during_it_is_repaired(etcd: FakeEtcd) -> None:
     ids = sorted(uid() for _ in range(1000))
     calls = 0
+    edited_at: list[int] = []
 
     async def edit_mid_bulk(_c: Sequence[Compare], _o: Sequence[Op]) -> None:
         nonlocal calls
@@ -371,38 +280,16 @@ async def test_a_foreign_write_during_a_bulk_is_replayed_when_the_watches_resume
             etcd.before_txn = edit_mid_bulk
             return
         # The first ingress (planned and written first) is already in etcd: someone edits it.
-        assert etcd.value(rule_key(ids[0])) == f"Host(`{ids[0]}.test`)"
         edited_at.append(await etcd.put(rule_key(ids[0]), "Host(`edited.test`)"))
 
-    edited_at: list[int] = []
     async with running(etcd, leader=Leader()) as rec:
-        await eventually(lambda: _watches_created(etcd, 2))
+        await eventually(lambda: _watches_created(etcd, 1))
         etcd.before_txn = edit_mid_bulk
         await rec.submit([record(i, upstream=UP) for i in ids])
-        assert edited_at
-        await eventually(lambda: _watches_created(etcd, 4))
-        # A revision in the bulk was not ours: the watches replay from before it, and the edit is repaired.
-        assert all(start <= edited_at[0] for _prefix, start in etcd.watch_starts[2:])
+        assert edited_at and len([ok for _c, _o, ok in etcd.txns if ok]) > 10
         await eventually(lambda: _value_is(etcd, rule_key(ids[0]), f"Host(`{ids[0]}.test`)"))
-
-
-async def test_a_watch_still_replaying_is_not_paused_again_until_it_caught_up(etcd: FakeEtcd) -> None:
-    first, second, third = ([uid() for _ in range(1000)] for _ in range(3))
-    async with running(etcd, leader=Leader()) as rec:
-        await eventually(lambda: _watches_created(etcd, 2))
-        elsewhere = await etcd.put("elsewhere/key", "x")  # not ours: the watches replay past it
-        etcd.watches_flowing.clear()
-        await rec.submit([record(i, upstream=UP) for i in first])
-        await eventually(lambda: _watches_created(etcd, 4))
-        assert all(start <= elsewhere for _prefix, start in etcd.watch_starts[2:])
-        # Still replaying the first bulk: stopping the watches again would only replay it twice.
-        await rec.submit([record(i, upstream=UP) for i in second])
-        assert len(etcd.watch_starts) == 4
-        etcd.watches_flowing.set()
-        await eventually(lambda: _delivered_up_to(etcd, etcd.revision))
-        await rec.submit([record(i, upstream=UP) for i in third])
-        await eventually(lambda: _watches_created(etcd, 6))
-        assert {start for _prefix, start in etcd.watch_starts[4:]} == {etcd.revision + 1}
+        # One watch, never stopped: every commit of the bulk came back through it.
+        assert len(etcd.watch_starts) == 1 and rec.observed.revision >= edited_at[0]
 
 
 async def test_etcd_down_answers_503_and_writes_resume_after_it_returns(etcd: FakeEtcd) -> None:
@@ -449,10 +336,6 @@ async def _passed(rec: Reconciler, passes: int) -> bool:
     return rec.status.full_passes > passes
 
 
-async def _delivered_up_to(etcd: FakeEtcd, revision: int) -> bool:
-    return len(etcd.delivered) == 2 and min(etcd.delivered.values()) >= revision
-
-
 async def _watches_created(etcd: FakeEtcd, count: int) -> bool:
     return len(etcd.watch_starts) == count
 
@@ -492,21 +375,17 @@ async def test_an_unexpected_error_fails_the_queued_request_and_the_loop_carries
         assert etcd.value(rule_key(second)) == f"Host(`{second}.test`)"
 
 
-async def _delivered(etcd: FakeEtcd, prefix: str, revision: int) -> bool:
-    return etcd.delivered.get(prefix, 0) >= revision
-
-
 async def test_the_ledger_knows_the_parts_of_a_split_write_and_its_last_revision(etcd: FakeEtcd) -> None:
     etcd.max_txn_ops = 16  # 40 servers: the ingress is written as several transactions, its record in the first
     iid = uid()
     ref = IngressRef(AUTHORITY, iid)
     servers = {"servers": [{"url": f"http://10.0.0.5:{8000 + n}"} for n in range(40)]}
-    seen: list[tuple[int, int]] = []
+    seen: list[int] = []
     async with running(etcd) as rec:
 
         async def between_parts(_c: Sequence[Compare], ops: Sequence[Op]) -> None:
             if any(f"_{iid}" in op.key for op in ops):
-                seen.append((rec.ledger.pending(ref), rec.ledger.record_revision(ref)))
+                seen.append(rec.ledger.pending(ref))
             etcd.before_txn = between_parts
 
         etcd.before_txn = between_parts
@@ -514,9 +393,8 @@ async def test_the_ledger_knows_the_parts_of_a_split_write_and_its_last_revision
         etcd.before_txn = None
         parts = [ops for _c, ops, ok in etcd.txns if ok and any(f"_{iid}" in op.key for op in ops)]
         assert len(seen) == len(parts) >= 3
-        # Before each part: the parts not committed yet; the record committed with the first.
-        assert [pending for pending, _ in seen] == list(range(len(seen), 0, -1))
-        assert seen[0][1] == 0 and all(record_rev > 0 for _, record_rev in seen[1:])
+        # Before each part: the parts not committed yet.
+        assert seen == list(range(len(seen), 0, -1))
         assert rec.ledger.pending(ref) == 0
         assert rec.ledger.revision_of(ref) == etcd.revision > rec.ledger.record_revision(ref)
 

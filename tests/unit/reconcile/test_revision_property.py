@@ -53,8 +53,10 @@ class Lagging:
         self._flowing.set()
         return await self._etcd.txn(compares, ops)
 
-    async def watch_prefix(self, prefix: str, start_revision: int, idle_timeout: float) -> AsyncIterator[list[WatchEvent]]:
-        async for events in self._etcd.watch_prefix(prefix, start_revision, idle_timeout):
+    async def watch_prefix(
+        self, prefix: str, start_revision: int, idle_timeout: float, *, end: str | None = None
+    ) -> AsyncIterator[list[WatchEvent]]:
+        async for events in self._etcd.watch_prefix(prefix, start_revision, idle_timeout, end=end):
             await self._flowing.wait()
             yield events
 # What a change leaves in etcd: (revision, removed, path of a live record).

@@ -16,7 +16,7 @@ from exporter.keys import IngressRef
 from exporter.plan.planner import Planner
 from exporter.reconcile.intents import peer_verdict
 from exporter.render.renderer import Renderer
-from exporter.store.records import Record, RecordStore, Removal, decode_record, supersedes, tombstone
+from exporter.store.records import Record, Removal, decode_record, supersedes, tombstone
 from exporter.store.revisions import classify_upsert, tombstone_revision
 from tests.fake_etcd import FakeEtcd
 from tests.fake_reconciler import CERT, LAYOUT, elected_etcd, running
@@ -62,11 +62,6 @@ def test_requests_peers_and_the_store_follow_the_one_order(revision: int, remove
     met = peer_verdict(change, stored)
     if not (removed and other_removed and other >= revision):
         assert isinstance(met, StaleRevisionError) == (not wins)
-    # Our own commit is kept in the store unless what the watch brought supersedes it.
-    store = RecordStore()
-    store.set(stored.key, stored)
-    store.committed(change.key, change)
-    assert store.latest(change.key) is (stored if supersedes(other, other_removed, change) else change)
 
 
 # (stored, request, revision) -> (answer, what etcd holds after: (revision, removed) or None).
