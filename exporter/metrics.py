@@ -55,6 +55,10 @@ class Derived(Collector):
         yield family
 
 
+# Why the mirror was listed again (docs/operations.md).
+RELIST_REASONS = ("start", "recovered", "compacted", "out-of-order", "stalled", "conflict", "requested")
+
+
 class Metrics:
     """The daemon's metrics; `registry` is what its /metrics page serves."""
 
@@ -100,6 +104,8 @@ class Metrics:
         over a series that first appears at 1 read 0, so the first event would be invisible."""
         for result in ("committed", "conflict"):
             self.etcd_txns.labels(result)
+        for reason in RELIST_REASONS:
+            self.mirror_relists.labels(reason)
         for outcome in get_args(Outcome):
             self.health_probes.labels(outcome)
         for state in State:

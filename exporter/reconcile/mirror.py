@@ -91,7 +91,8 @@ class Mirror:
         self._reason = "requested"
         self.feed = Feed(
             etcd, layout, deliver=self._deliver, position=lambda: observed.revision,
-            on_canceled=functools.partial(self.request_relist, "compacted"), idle_timeout=idle_timeout, supervisor=supervisor if supervisor is not None else Supervisor(),
+            on_canceled=functools.partial(self.request_relist, "compacted"), idle_timeout=idle_timeout,
+            supervisor=supervisor if supervisor is not None else Supervisor(),
         )
         log_range(self.feed.low, self.feed.high, self._prefixes)
 
