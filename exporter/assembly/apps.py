@@ -13,6 +13,7 @@ from ..control.access import security_headers, token_required
 from ..control.convergence import convergence_routes
 from ..control.events import events_routes
 from ..control.healthcheck import healthcheck_routes
+from ..control.mirror import mirror_routes
 from ..control.server import control_app
 from ..control.status_page import StatusPages
 from ..errors import ConfigError
@@ -21,13 +22,14 @@ from .parts import Parts
 
 
 def control_server(parts: Parts) -> web.Application:
-    """The control server's application: monitoring, health, convergence, events and the status page.
+    """The control server's application: monitoring, health, convergence, the mirror, events and the status page.
 
     A new page is a module under control/ with its routes, and one line here.
     """
     reconciler = parts.reconciler
     routes = healthcheck_routes(parts.health, lambda owner: reconciler.store.get(owner) is not None, health_headers(parts))
     routes += convergence_routes(parts.observer, reconciler.advice.overlapping_roots, reconciler.pacer.backlog)
+    routes += mirror_routes(reconciler.mirror_summary)
     routes += events_routes(parts.events)
     routes += StatusPages(parts.status).routes()
     settings = parts.settings

@@ -37,7 +37,7 @@ from .commit import Committer
 from .inbox import Inbox
 from .intents import Intents, answered
 from .loop import SHUTTING_DOWN, Cadence, Loop, Status
-from .mirror import Mirror
+from .mirror import Mirror, MirrorSummary
 
 
 @dataclass(frozen=True)
@@ -249,6 +249,10 @@ class Reconciler:
         self._inbox.request_full(relist=relist)
 
     # ----- views
+
+    def mirror_summary(self) -> MirrorSummary:
+        """What `GET /v1/mirror` answers: the mirror's revision, prefixes, key count and digest."""
+        return self._mirror.summary()
 
     @property
     def render_errors(self) -> Mapping[IngressRef, TemplateError]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import time
 from collections.abc import AsyncIterator
@@ -126,6 +127,23 @@ async def test_upsert_204_after_commit_then_idempotent_retry(
     assert await api.upsert(body) == (204, None)
     assert await written(etcd_client, iid) == before
     assert (await api.stored())[iid] == 1
+
+
+async def test_the_mirror_endpoint_names_a_revision_whose_range_read_of_etcd_hashes_to_its_digest(
+    api: Api, api_daemon: Daemon, etcd_client: EtcdClient, http: aiohttp.ClientSession
+) -> None:
+    for iid in (uid(), uid()):
+        assert await api.upsert(ing(iid, upstream={"servers": [{"url": "http://127.0.0.1:9"}]})) == (204, None)
+    async with http.get(f"http://{api_daemon.settings.control.listen}/v1/mirror") as resp:
+        assert resp.status == 200
+        mirror = await resp.json()
+    # The roots prefix and the records prefix: the two ranges the one watch covers.
+    assert mirror["prefixes"][0] == "traefik/worker_" and mirror["prefixes"][1].startswith(API_RECORDS)
+    kvs = [kv for prefix in mirror["prefixes"] for kv in (await etcd_client.range_prefix(prefix, revision=mirror["revision"])).kvs]
+    sha = hashlib.sha256()
+    for kv in sorted(kvs, key=lambda kv: kv.key.encode()):
+        sha.update(kv.key.encode() + b"\0" + kv.value.encode() + b"\0" + str(kv.mod_revision).encode() + b"\n")
+    assert mirror["keys"] == len(kvs) > 0 and mirror["digest"] == sha.hexdigest()
 
 
 async def test_stale_and_conflicting_revisions_are_409_and_write_nothing(api: Api, etcd_client: EtcdClient) -> None:
