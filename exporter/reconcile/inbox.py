@@ -8,7 +8,6 @@ health engine and the reconciler to the same inbox without either knowing the ot
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Mapping, Sequence
 
 from ..keys import IngressRef
@@ -55,10 +54,13 @@ class Inbox:
         dirty, self._dirty = self._dirty, {}
         return dirty
 
-    async def wait(self, timeout: float) -> None:
-        """Until poked or `timeout` seconds passed; the next wait blocks again."""
-        with contextlib.suppress(asyncio.TimeoutError):
+    async def wait(self, timeout: float) -> bool:
+        """Until poked (True) or `timeout` seconds passed (False); the next wait blocks again."""
+        try:
             await asyncio.wait_for(self._wake.wait(), timeout)
+        except TimeoutError:
+            return False
+        return True
 
     def clear(self) -> None:
         """Forget the pokes seen so far (the loop is about to act on everything queued)."""

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
@@ -83,7 +82,7 @@ class Intents:
         for intent in intents:
             self._pending[intent.ref] = intent.record
         if not self._queue:
-            self.queued_at = time.monotonic()
+            self.queued_at = asyncio.get_running_loop().time()  # the loop's clock, as the write loop reads it
         self._queue.extend(intents)
         self._queued_groups += bool(intents)
         return intents

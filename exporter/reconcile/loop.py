@@ -52,6 +52,11 @@ class Cadence:
     pace_hold_max: float = 30.0
 
 
+def now() -> float:
+    """The event loop's clock (time.monotonic's in production; the simulation's virtual one)."""
+    return asyncio.get_running_loop().time()
+
+
 class Loop:
     """Runs until stopped: re-list, full pass, batch, in that order, whenever there is work."""
 
@@ -88,14 +93,15 @@ class Loop:
     async def run(self) -> None:
         """The loop itself."""
         backoff = _BACKOFF_MIN
-        next_full = time.monotonic()
+        next_full = now()
         while True:
-            await self._inbox.wait(max(0.0, next_full - time.monotonic()))
+            # Timed out: the full pass is due (whatever a clock that moves in ticks reads then).
+            due = not await self._inbox.wait(max(0.0, next_full - now()))
             if self._stopping and not self._intents.queued_requests:
                 return
             await self._gather_burst()
             self._inbox.clear()
-            if time.monotonic() >= next_full:
+            if due or now() >= next_full:
                 self._inbox.full_requested = True
             try:
                 next_full = await self._turn(next_full)
@@ -105,14 +111,14 @@ class Loop:
                 self._etcd_down(exc, backoff)
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, _BACKOFF_MAX)
-                next_full = time.monotonic()  # retry now: re-list and reconcile everything
+                next_full = now()  # retry now: re-list and reconcile everything
             except Exception:  # noqa: BLE001 - a bug must not silently stop every write
                 logger.exception("reconcile loop failed; re-listing and retrying in {:.1f}s", backoff)
                 self._intents.fail_queue(ExporterError(INTERNAL_ERROR))
                 self._inbox.relist_requested = True
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, _BACKOFF_MAX)
-                next_full = time.monotonic()
+                next_full = now()
 
     async def _gather_burst(self) -> None:
         # Gather the rest of a burst so it shares transactions (and one Traefik reload), for at
@@ -127,11 +133,12 @@ class Loop:
         deadline = self._intents.queued_at + window
         expected = self._last_batch_requests if self._steady() else None
         while expected is None or self._intents.queued_requests < expected:
-            remaining = deadline - time.monotonic()
+            remaining = deadline - now()
             if remaining <= 0:
                 return
             self._inbox.clear()
-            await self._inbox.wait(remaining)
+            if not await self._inbox.wait(remaining):
+                return
 
     def _in_burst(self) -> bool:
         """Several requests queued, or one while a burst lasts."""
@@ -140,14 +147,14 @@ class Loop:
 
     def _steady(self) -> bool:
         """A burst lasts: the previous batch answered several requests and ended within the window."""
-        return time.monotonic() - self._last_batch < self._cadence.coalesce_window and self._last_batch_requests > 1
+        return now() - self._last_batch < self._cadence.coalesce_window and self._last_batch_requests > 1
 
     async def _turn(self, next_full: float) -> float:
         if self._inbox.relist_requested:
             await self._relist()
         if self._inbox.full_requested:
             self._inbox.full_requested = False
-            next_full = time.monotonic() + self._cadence.reconcile_interval
+            next_full = now() + self._cadence.reconcile_interval
             await self._full_pass()
         if due := self._pacer.due():
             self._inbox.redo(due)
@@ -178,7 +185,7 @@ class Loop:
 
     async def _full_pass(self) -> None:
         if self._leader.is_leader():
-            started = time.monotonic()
+            started = time.perf_counter()
             view = self._intents.desired_view(time.time() - self._cadence.tombstone_ttl)
             # Ingresses of queued requests are written by the batch, with their requests.
             plan, outcome = await self._committer.reconcile_all(view, self._intents.queued_refs())
@@ -188,7 +195,7 @@ class Loop:
             if plan.foreign and len(plan.foreign) != self._status.foreign_keys:
                 logger.warning("{} foreign keys under managed roots (left alone), e.g. {}", len(plan.foreign), plan.foreign[0])
             self._status.foreign_keys = len(plan.foreign)
-            self._metrics.reconcile_seconds.observe(time.monotonic() - started)
+            self._metrics.reconcile_seconds.observe(time.perf_counter() - started)
         self._status.full_passes += 1
         if self._after_full_pass is not None:
             self._after_full_pass()
@@ -216,6 +223,6 @@ class Loop:
         finally:
             self._intents.resolve(intents, outcome)
         self._inbox.redo(outcome.redo)
-        self._last_batch = time.monotonic()
+        self._last_batch = now()
         if outcome.error is not None:
             raise outcome.error

@@ -22,7 +22,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import itertools
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -48,12 +47,14 @@ WAIT_TIMEOUT = 10.0
 
 @dataclass(frozen=True)
 class MirrorSummary:
-    """What `GET /v1/mirror` answers: the revision, the prefixes held, the key count and the digest."""
+    """What `GET /v1/mirror` answers: the revision, the prefixes held, the key count and the digest
+    (and the listing's generation the revision is of)."""
 
     revision: int
     prefixes: tuple[str, ...]
     keys: int
     digest: str
+    generation: int
 
 
 class Mirror:
@@ -137,7 +138,7 @@ class Mirror:
 
     def summary(self) -> MirrorSummary:
         """The revision, the prefixes, the key count and the digest, all from one step (no await in between)."""
-        return MirrorSummary(self._observed.revision, self._prefixes, len(self._observed), self._observed.digest())
+        return MirrorSummary(self._observed.revision, self._prefixes, len(self._observed), self._observed.digest(), self.feed.generation)
 
     # ----- waiting for the mirror
 
@@ -167,21 +168,16 @@ class Mirror:
         await self._wait(changed, "conflict", revision)
 
     async def _wait(self, done: Callable[[], bool], reason: str, revision: int) -> None:
-        deadline = time.monotonic() + self._wait_timeout
-        while not done():
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                logger.warning(
-                    "the mirror stayed at revision {} for {:.0f}s short of revision {}: listing etcd again",
-                    self._observed.revision, self._wait_timeout, revision,
-                )
-                await self.relist(reason)
-                return
-            moved = self._moved
-            try:
-                await asyncio.wait_for(moved.wait(), remaining)
-            except TimeoutError:
-                continue
+        try:
+            async with asyncio.timeout(self._wait_timeout):
+                while not done():
+                    await self._moved.wait()
+        except TimeoutError:
+            logger.warning(
+                "the mirror stayed at revision {} for {:.0f}s short of revision {}: listing etcd again",
+                self._observed.revision, self._wait_timeout, revision,
+            )
+            await self.relist(reason)
 
     def _advanced(self) -> None:
         moved, self._moved = self._moved, asyncio.Event()

@@ -4,8 +4,9 @@ Units that fit are packed whole, several to a transaction, within `max_ops` oper
 `max_ops` compares and `max_bytes`; a group of units (one push request) is kept in one
 transaction whenever it fits. A unit too large for one transaction is split into a
 sequence of chunks in its change order: every prefix of that sequence leaves no router
-referencing a missing object (plan/guards.py), and the first chunk carries the record
-(the commit ledger's rule, write/ledger.py). Every transaction also rewrites the beacon of each root it touches (one more
+referencing a missing object (plan/guards.py), the first chunk carries the record (the
+commit ledger's rule, write/ledger.py) and every later chunk puts it again, unchanged, so
+that each part moves the record's revision. Every transaction also rewrites the beacon of each root it touches (one more
 operation per root, counted here).
 
 Shared objects (render/shared.py): a unit that newly references one finds it in the same
@@ -170,16 +171,38 @@ def pack(
 
 
 def _split(unit: UnitPlan, max_ops: int, max_bytes: int) -> list[Txn]:
-    chunks: list[Txn] = []
     roots = _roots([unit])
     max_ops -= len(roots)
-    current = Txn(units=[unit], roots=set(roots))
+    again = _record_again(unit)
+    first = next((c for c in unit.changes if again is not None and c.key == again.key), again)
+    chunks: list[Txn] = []
     for change in unit.changes:
+        if again is not None and change.key == again.key:
+            continue  # every chunk carries it
         size = _size([change])
-        if current.changes and (len(current.changes) >= max_ops or current.bytes + size > max_bytes):
+        current = chunks[-1] if chunks else None
+        if current is None or (len(current.changes) > (again is not None) and (
+            len(current.changes) >= max_ops or current.bytes + size > max_bytes
+        )):
+            record = first if not chunks else again
+            current = Txn(units=[unit], roots=set(roots), changes=[record] if record else [])
+            current.bytes += _size([record]) if record else 0
             chunks.append(current)
-            current = Txn(units=[unit], roots=set(roots))
         current.changes.append(change)
         current.bytes += size
-    chunks.append(current)
     return chunks
+
+
+def _record_again(unit: UnitPlan) -> Change | None:
+    """The put of the unit's record as its first part leaves it, for every part to carry (None: it has no record).
+
+    Each part then moves the record's mod_revision: a peer that planned against a mirror holding
+    some parts and not the rest fails its record compare, instead of planning from half the keys.
+    """
+    if not unit.record_key or unit.record is None:
+        return None
+    put = next((c for c in unit.changes if c.key == unit.record_key), None)
+    if put is not None and put.new is None:
+        return None  # the record goes last: nothing follows it
+    value = put.new if put is not None and put.new is not None else unit.record.value
+    return Change(unit.record_key, value, value)

@@ -69,7 +69,7 @@ RAISED_BY = {
 # ~0.1 s Traefik takes to apply a commit.
 MAY_STAY_ZERO = {
     "Blocking keys", "Paced ingresses", "Drift repairs", "Discovery write errors", "Task crashes", "Traefik lag",
-    "etcd errors",
+    "etcd errors", "Mirror listings",
 }
 
 

@@ -179,7 +179,7 @@ def test_a_request_group_shares_one_transaction_when_it_fits() -> None:
     assert [[u.name for u in t.units] for t in txns] == [["a"], ["b", "c"]]
 
 
-def test_an_oversized_removal_is_split_with_the_tombstone_first() -> None:
+def test_an_oversized_removal_is_split_with_the_tombstone_first_and_put_again_by_every_later_part() -> None:
     obs = Observed(LAYOUT)
     p = planner()
     servers = {"servers": [{"url": f"http://10.0.{n // 250}.{n % 250}:80"} for n in range(200)]}
@@ -192,8 +192,11 @@ def test_an_oversized_removal_is_split_with_the_tombstone_first() -> None:
     chunks = split[0]
     first = chunks[0].changes[0]
     assert first.key == "records/test/llama" and decode_record(first.new or "").removed
-    assert all(c.new is None for chunk in chunks for c in chunk.changes[1:] if c is not first)
-    assert sum(len(c.changes) for c in chunks) == len(unit.changes) > 200
+    assert all(c.new is None for chunk in chunks for c in chunk.changes[1:])
+    # Every later part puts the tombstone again, unchanged: each part moves the record's revision,
+    # so a peer that planned against a mirror holding only some parts fails its record compare.
+    assert all(chunk.changes[0] == Change(first.key, first.new, first.new) for chunk in chunks[1:])
+    assert sum(len(c.changes) - 1 for c in chunks) == len(unit.changes) - 1 > 200
 
 
 def test_a_tombstone_refuses_older_upserts_and_accepts_newer() -> None:

@@ -375,7 +375,7 @@ async def test_an_unexpected_error_fails_the_queued_request_and_the_loop_carries
         assert etcd.value(rule_key(second)) == f"Host(`{second}.test`)"
 
 
-async def test_the_ledger_knows_the_parts_of_a_split_write_and_its_last_revision(etcd: FakeEtcd) -> None:
+async def test_the_ledger_knows_the_parts_of_a_split_write_and_every_part_moves_the_record(etcd: FakeEtcd) -> None:
     etcd.max_txn_ops = 16  # 40 servers: the ingress is written as several transactions, its record in the first
     iid = uid()
     ref = IngressRef(AUTHORITY, iid)
@@ -396,7 +396,9 @@ async def test_the_ledger_knows_the_parts_of_a_split_write_and_its_last_revision
         # Before each part: the parts not committed yet.
         assert seen == list(range(len(seen), 0, -1))
         assert rec.ledger.pending(ref) == 0
-        assert rec.ledger.revision_of(ref) == etcd.revision > rec.ledger.record_revision(ref)
+        # Every part puts the record again: it ends at the last part's revision, like the keys.
+        assert rec.ledger.revision_of(ref) == etcd.revision == rec.ledger.record_revision(ref)
+        assert all(any(op.key == LAYOUT.record_key(ref) for op in ops) for ops in parts)
 
 
 async def test_a_retried_batch_writes_its_own_record_not_that_of_a_request_queued_after_it(etcd: FakeEtcd) -> None:
