@@ -38,6 +38,10 @@ def plan_ingress(
     record = Change(record_key, old_record, record_value) if record_value != old_record else None
     if not changes and record is None:
         return None
+    if record is None and old_record is not None:
+        # Keys change, the record does not: it is put again all the same, so that its revision is
+        # the ingress's last change and a plan made before it fails its record compare.
+        record = Change(record_key, old_record, old_record)
     return UnitPlan(
         name=str(owner),
         changes=guards.with_record(guards.order_changes(changes), record),

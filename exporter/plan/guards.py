@@ -10,13 +10,15 @@ builds a compare on a record key (tests/unit/test_structure.py checks that by wh
   delete last (`with_record`). A unit too large for one transaction is split in that order,
   so its first part carries the record: after a crash between parts the record says what the
   ingress must become, and repair finishes it;
-- guards: every transaction of an ingress compares its record's mod_revision, so a stale
-  writer fails and re-plans instead of overwriting newer state (`record_guard`): every other
-  exporter writes the record with the keys it renders to, and the mirror a plan is made
-  against is etcd at one revision, records and keys alike, so the record compare alone
-  guards the ingress. Keys changed without a new record (a foreign writer, the leader's
-  health rewrite) come through the watch and are planned again like any drift. A later part
-  compares the record as the first part left it (`next_part_guards`);
+- guards: every transaction that changes an ingress's keys puts its record too (again,
+  unchanged, when only keys change: a health rewrite, a repair, each later part of a split
+  write), so the record's mod_revision is the revision of the ingress's last change. Every
+  transaction of an ingress compares it (`record_guard`): a plan made against a mirror older
+  than any change of the ingress fails and is made again, instead of writing beside keys it
+  never saw. The mirror is etcd at one revision, records and keys alike, so this one compare
+  guards the whole ingress; only a foreign writer changes keys without it, and the watch
+  brings that as drift. A later part compares the record as the previous part left it
+  (`next_part_guards`);
 - pacing: a record may commit alone, its keys later (`record_alone`): it writes nothing under
   the root, so Traefik has nothing to apply.
 """

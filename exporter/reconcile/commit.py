@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from loguru import logger
@@ -128,7 +128,7 @@ class Committer:
                     return outcome
                 await self._mirror.settled(conflicted, at, functools.partial(deposed, self._leader, leading))
                 requested = {r: requested[r] for r in outcome.open(requested)}
-                refs = self._retried(conflicted, requested, batch.calls)
+                refs = retried(conflicted, requested, batch.calls, leading=self._leader.is_leader())
                 logger.info("re-planning {} ingresses after a compare failed (attempt {})", len(refs), attempt + 1)
         except EtcdError as exc:
             outcome.error = exc
@@ -138,24 +138,22 @@ class Committer:
         outcome.redo.update(dict.fromkeys(refs, "conflict"))
         return outcome
 
-    async def reconcile_all(self, view: Mapping[IngressRef, Record], skip: set[IngressRef]) -> tuple[Plan, Outcome]:
-        """Plan every known ingress against the mirror and write what differs (except `skip`)."""
+    async def reconcile_all(
+        self, view: Callable[[], Mapping[IngressRef, Record]], skip: Callable[[], set[IngressRef]]
+    ) -> tuple[Plan, Outcome]:
+        """Plan every known ingress against the mirror and write what differs (except what `skip` gives).
+
+        The desired records (`view`) are taken in the same step as the plan, once the mirror
+        (which the committed records derive from) holds every commit of ours.
+        """
         outcome = Outcome()
-        # Planned against a mirror that holds every commit of ours.
         await self._mirror.reached(self._ledger.own.newest)
-        plan = self._planner.plan(view, self._observed, None, self._ejections)
-        plan.units = [u for u in plan.units if u.owner not in skip]
+        plan = self._planner.plan(view(), self._observed, None, self._ejections)
+        skipped = skip()
+        plan.units = [u for u in plan.units if u.owner not in skipped]
         if not plan.empty:
             await self._apply(plan, {}, {u.owner: "reconcile" for u in plan.units if u.owner}, outcome)
         return plan, outcome
-
-    def _retried(
-        self, conflicted: Sequence[UnitPlan], requested: Mapping[IngressRef, int], calls: Calls
-    ) -> list[IngressRef]:
-        """What to plan again: open requests; and, for the leader, other ingresses (not requests a peer answered)."""
-        leader = self._leader.is_leader()
-        refs = (u.owner for u in conflicted if u.owner is not None)
-        return list(dict.fromkeys(r for r in refs if r in requested or (leader and r not in calls)))
 
     async def _plan_and_apply(
         self, refs: list[IngressRef], requested: dict[IngressRef, int], batch: Batch, outcome: Outcome
@@ -262,6 +260,12 @@ class Committer:
         if text != self._last_dry_run:
             logger.info("dry-run: would apply\n{}", text.rstrip())
             self._last_dry_run = text
+
+
+def retried(conflicted: Sequence[UnitPlan], requested: Mapping[IngressRef, int], calls: Calls, *, leading: bool) -> list[IngressRef]:
+    """What to plan again: open requests; and, for the leader, other ingresses (not requests a peer answered)."""
+    refs = (u.owner for u in conflicted if u.owner is not None)
+    return list(dict.fromkeys(r for r in refs if r in requested or (leading and r not in calls)))
 
 
 def deposed(leader: LeaderPolicy, leading: bool) -> bool:

@@ -186,9 +186,10 @@ class Loop:
     async def _full_pass(self) -> None:
         if self._leader.is_leader():
             started = time.perf_counter()
-            view = self._intents.desired_view(time.time() - self._cadence.tombstone_ttl)
             # Ingresses of queued requests are written by the batch, with their requests.
-            plan, outcome = await self._committer.reconcile_all(view, self._intents.queued_refs())
+            plan, outcome = await self._committer.reconcile_all(
+                lambda: self._intents.desired_view(time.time() - self._cadence.tombstone_ttl), self._intents.queued_refs
+            )
             self._inbox.redo(outcome.redo)
             if outcome.error is not None:
                 raise outcome.error

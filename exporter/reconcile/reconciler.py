@@ -109,6 +109,8 @@ class Reconciler:
             on_drift=self._drifted, on_stale=self._stale, idle_timeout=max(60.0, cadence.reconcile_interval * 2),
             supervisor=self._supervisor, metrics=metrics,
         )
+        # What `GET /v1/mirror` answers: the mirror's revision, prefixes, key count and digest.
+        self.mirror_summary: Callable[[], MirrorSummary] = self._mirror.summary
         committer = Committer(
             planner=planner, observed=self.observed, store=self.store, writer=writer, mirror=self._mirror,
             leader=leader, ejections=self._ejections,
@@ -249,10 +251,6 @@ class Reconciler:
         self._inbox.request_full(relist=relist)
 
     # ----- views
-
-    def mirror_summary(self) -> MirrorSummary:
-        """What `GET /v1/mirror` answers: the mirror's revision, prefixes, key count and digest."""
-        return self._mirror.summary()
 
     @property
     def render_errors(self) -> Mapping[IngressRef, TemplateError]:

@@ -54,7 +54,7 @@ class SimEtcd(FakeEtcd):
         self._logged: list[int] = []  # the revision of each entry of `log`, to bisect
         # What the mirrors hold: the keys under `prefixes` now, and their digest at every revision.
         self._prefixes = prefixes
-        self._held: dict[str, tuple[str, int]] = {}
+        self._mirrored: dict[str, tuple[str, int]] = {}
         self.digests: dict[int, str] = {self.revision: digest({})}
 
     # ----- the calls the scheduler answers
@@ -152,10 +152,10 @@ class SimEtcd(FakeEtcd):
             self._logged.append(self.revision)
             if op.key.startswith(self._prefixes):
                 if op.value is None:
-                    self._held.pop(op.key, None)
+                    self._mirrored.pop(op.key, None)
                 else:
-                    self._held[op.key] = (op.value, self.revision)
-        self.digests[self.revision] = digest(self._held)
+                    self._mirrored[op.key] = (op.value, self.revision)
+        self.digests[self.revision] = digest(self._mirrored)
 
 
 def digest(held: dict[str, tuple[str, int]]) -> str:

@@ -166,13 +166,14 @@ def test_no_switch_on_an_upstream_kind_outside_the_ingress_model() -> None:
 def test_the_tests_are_laid_out_like_the_package() -> None:
     """Unit tests under tests/unit/<package>/ (pure, or on the in-memory etcd), those on the real etcd and
     Traefik under tests/integration/ (marked so), the deployment files' under tests/deploy/, the fault
-    campaign and its checker under tests/campaign/."""
+    campaign and its checker under tests/campaign/, the deterministic simulation under tests/simulation/."""
     tests = REPO / "tests"
     assert sorted(d.name for d in (tests / "unit").iterdir() if d.is_dir() and d.name != "__pycache__") == sorted(
         d.name for d in (tests / "unit").iterdir() if d.is_dir() and (REPO / "exporter" / d.name).is_dir()
     )
     assert sorted(p.name for p in tests.glob("test_*.py")) == []
-    assert sorted(d.name for d in tests.iterdir() if (d / "__init__.py").exists()) == ["campaign", "deploy", "integration", "unit"]
+    packages = sorted(d.name for d in tests.iterdir() if (d / "__init__.py").exists())
+    assert packages == ["campaign", "deploy", "integration", "simulation", "unit"]
     unmarked = [p.name for p in (tests / "integration").glob("test_*.py") if "pytest.mark.integration" not in p.read_text()]
     marked = [p.name for p in (tests / "unit").rglob("test_*.py") if "\npytestmark = pytest.mark.integration" in p.read_text()]
     assert unmarked == [] and marked == []

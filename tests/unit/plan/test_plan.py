@@ -104,10 +104,14 @@ def test_drift_inside_an_owned_object_is_repaired_and_foreign_keys_are_reported(
     obs.set("traefik/worker_test/http/routers/test_ghost/rule", "Host(`g.test`)", 11)  # no record: not ours
     plan = p.plan({rec.key: rec}, obs)
     changes = {c.key: c.sign for c in plan.changes()}
+    # The record is put again with the repair: its revision is the ingress's last change.
     assert changes == {
         "traefik/worker_test/http/routers/test_llama/rulez": "-",
         "traefik/worker_test/http/routers/test_llama/rule": "~",
+        "records/test/llama": "~",
     }
+    (unit,) = plan.units
+    assert unit.changes[0] == Change("records/test/llama", rec.value, rec.value)
     assert plan.foreign == ["traefik/worker_test/http/routers/someone/rule", "traefik/worker_test/http/routers/test_ghost/rule"]
 
 

@@ -24,7 +24,7 @@ def test_dirty_ingresses_keep_their_first_reason_and_are_taken_once() -> None:
     assert not inbox.dirty and inbox.take_dirty() == {}
 
 
-async def still_waiting(inbox: Inbox) -> asyncio.Task[None]:
+async def still_waiting(inbox: Inbox) -> asyncio.Task[bool]:
     """A wait on `inbox` that is still blocked 50 ms later."""
     waiting = asyncio.create_task(inbox.wait(60))
     done, _ = await asyncio.wait({waiting}, timeout=0.05)

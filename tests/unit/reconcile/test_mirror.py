@@ -41,7 +41,8 @@ class World:
         )
 
     def relisted(self, reason: str) -> float:
-        return self.metrics.mirror_relists.labels(reason)._value.get()
+        value = self.metrics.registry.get_sample_value("exporter_mirror_relists_total", {"reason": reason})
+        return value or 0.0
 
 
 def digest_of(etcd: FakeEtcd, revision: int) -> str:

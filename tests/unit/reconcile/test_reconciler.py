@@ -265,7 +265,8 @@ async def test_a_watch_message_waits_for_the_replies_in_flight_ours_are_not_drif
         await eventually(lambda: _value_is(etcd, rule_key(other), f"Host(`{other}.test`)"))
         # Our own writes were never taken for drift: only the edited ingress was repaired.
         repaired = [ops for c, ops, ok in etcd.txns if ok and FENCE in c]
-        assert len(repaired) == 1 and {op.key for op in repaired[0]} == {rule_key(other), LAYOUT.beacon_key(ROOT)}
+        record_key = LAYOUT.record_key(IngressRef(AUTHORITY, other))
+        assert len(repaired) == 1 and {op.key for op in repaired[0]} == {record_key, rule_key(other), LAYOUT.beacon_key(ROOT)}
 
 
 async def test_a_bulk_keeps_the_one_watch_running_and_a_foreign_write_during_it_is_repaired(etcd: FakeEtcd) -> None:
@@ -460,20 +461,6 @@ async def test_a_drift_repair_never_writes_a_request_queued_meanwhile_which_is_t
         assert decode_record(etcd.value(LAYOUT.record_key(xref)) or "").revision == 1
         known = rec.store.latest(xref)
         assert known is not None and known.revision == 1
-
-
-async def _stored_revision(rec: Reconciler, iid: str, revision: int) -> bool:
-    stored = rec.store.get(IngressRef(AUTHORITY, iid))
-    return stored is not None and stored.revision == revision
-
-
-async def _keys_seen(rec: Reconciler, revision: int) -> bool:
-    return rec.observed.keys_seen >= revision
-
-
-async def _tombstone_of(rec: Reconciler, iid: str, revision: int) -> bool:
-    stored = rec.store.latest(IngressRef(AUTHORITY, iid))
-    return stored is not None and stored.removed and stored.revision == revision
 
 
 async def test_queued_requests_count_each_staged_request_once_until_taken() -> None:
