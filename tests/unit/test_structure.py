@@ -184,7 +184,7 @@ def test_every_benchmark_runs_as_a_module_on_the_harness() -> None:
     and none edits sys.path (floor_server and relay are processes a benchmark starts, not benchmarks)."""
     helpers = {"__init__", "common", "harness", "floor_server", "relay"}
     names = sorted(p.stem for p in (REPO / "bench").glob("*.py") if p.stem not in helpers)
-    assert len(names) == 12
+    assert len(names) == 13
     assert [p.name for p in (REPO / "bench").glob("*.py") if "sys.path" in p.read_text()] == []
     assert [n for n in names if "arguments(__doc__" not in (REPO / "bench" / f"{n}.py").read_text()] == []
     procs = {n: subprocess.Popen([sys.executable, "-m", f"bench.{n}", "--help"], cwd=REPO, stdout=subprocess.PIPE, text=True)
