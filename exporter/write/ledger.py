@@ -57,7 +57,11 @@ class CommitLedger:
             self._pending.pop(unit.owner, None)
 
     def committed(self, units: Sequence[UnitPlan], changes: Sequence[Change], revision: int) -> None:
-        """A transaction carrying `changes` (parts of `units`) committed at `revision`."""
+        """A transaction carrying `changes` (parts of `units`) committed at `revision`.
+
+        Every transaction of ours puts a key (a beacon, or a record), so `revision` is its own:
+        etcd answers a transaction that changes nothing with the revision before it.
+        """
         written = {change.key: change.new for change in changes}
         records: dict[IngressRef, Record | None] = {}
         for unit in units:

@@ -164,8 +164,24 @@ async def test_a_watch_replays_from_its_start_revision_in_order_each_revision_to
     assert all(revisions.count(r) == sum(1 for e in b if e.mod_revision == r) for b in seen for r in {e.mod_revision for e in b})
 
 
+async def test_a_watch_over_a_key_range_delivers_every_key_in_it_whole_revisions_in_order(store: EtcdStore, at: str) -> None:
+    """The mirror's one watch covers the records prefix, the roots prefix and every key between them."""
+    first = (await store.txn([], [Op(at + "a/1", "1"), Op(at + "b/1", "2"), Op(at + "c/1", "x")])).revision
+    await store.txn([], [Op(at + "ab", "3")])
+    await store.txn([], [Op(at + "0", "x")])
+    last = (await store.txn([], [Op(at + "a/1", None), Op(at + "b/2", "4")])).revision
+    seen: list[list[WatchEvent]] = []
+    async with asyncio.timeout(10):
+        async for batch in store.watch_prefix(at + "a/", first, idle_timeout=30, end=at + "b0"):
+            seen.append(batch)
+            if batch[-1].mod_revision >= last:
+                break
+    events = [(e.key[len(at):], e.value, e.mod_revision - first) for b in seen for e in b]
+    assert events == [("a/1", "1", 0), ("b/1", "2", 0), ("ab", "3", 1), ("a/1", None, 3), ("b/2", "4", 3)]
+
+
 async def test_a_watch_waiting_on_a_quiet_prefix_stops_as_soon_as_its_consumer_is_cancelled(store: EtcdStore, at: str) -> None:
-    """The mirror pauses its watches for a bulk of its own writes by cancelling them: none may wait for an event first."""
+    """A listing replaces the mirror's watch by cancelling it: the old one may not wait for an event first."""
     first = (await store.txn([], [Op(at + "q/a", "1")])).revision
     delivered = asyncio.Event()
 
