@@ -61,10 +61,12 @@ class UnitPlan:
 
 @dataclass(slots=True)
 class Plan:
-    """Every unit that differs, and the foreign keys seen under managed roots."""
+    """Every unit that differs, the foreign keys seen under managed roots, and the etcd revision
+    of the mirror it was made against (docs/writer.md, "The mirror")."""
 
     units: list[UnitPlan] = field(default_factory=list)
     foreign: list[str] = field(default_factory=list)
+    revision: int = 0
 
     @property
     def empty(self) -> bool:

@@ -76,7 +76,7 @@ class Planner:
         full = owners is None
         observed_records = observed.records() if full else {}
         wanted = set(desired) | self._recorded(observed_records) if owners is None else set(owners)
-        plan = Plan()
+        plan = Plan(revision=observed.revision)
         roots = {self._layout.root(ref.authority) for ref in (desired if full else wanted) if ref in desired}
         for root in sorted(roots) if include_roots else ():
             unit = self._plan_root(root, observed)
@@ -100,7 +100,7 @@ class Planner:
 
     def plan_orphans(self, roots: Iterable[str], observed: Observed) -> Plan:
         """The deletion of every shared object under `roots` that nothing references."""
-        return Plan(units=self._plan_orphans(sorted(roots), {}, observed))
+        return Plan(units=self._plan_orphans(sorted(roots), {}, observed), revision=observed.revision)
 
     def _plan_shared(self, wanted: Mapping[str, SharedObject], observed: Observed, roots: list[str]) -> list[UnitPlan]:
         """The shared objects planned ingresses reference, and (with `roots`) every one in use there, that etcd holds otherwise."""

@@ -258,7 +258,7 @@ class Committer:
     def _log_dry_run(self, plan: Plan) -> None:
         text = format_plan(plan)
         if text != self._last_dry_run:
-            logger.info("dry-run: would apply\n{}", text.rstrip())
+            logger.info("dry-run: would apply (planned against etcd at revision {})\n{}", plan.revision, text.rstrip())
             self._last_dry_run = text
 
 

@@ -79,6 +79,9 @@ def test_update_changes_only_what_differs_and_guards_on_observed_revisions() -> 
     assert unit.compares[0] == Compare("records/test/llama", "EQUAL", 7)
     # The mirror is etcd at one revision, records and keys alike: the record compare alone guards the ingress.
     assert unit.compares == [Compare("records/test/llama", "EQUAL", 7)]
+    # and the plan records that revision
+    obs.revision = 9
+    assert p.plan({v2.key: v2}, obs, owners=[v2.key]).revision == 9
 
 
 def test_removal_deletes_every_owned_key_and_the_record() -> None:
