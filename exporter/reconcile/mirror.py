@@ -186,8 +186,11 @@ class Mirror:
     # ----- the watch
 
     async def _deliver(self, generation: int, events: list[WatchEvent]) -> bool:
-        # Replies of the transactions in flight come first: a revision of ours is then known as ours.
-        await self._writer.replies_in()
+        # A revision that may be ours is applied once a reply says so, or every transaction that
+        # could have made it is answered.
+        revisions = {e.mod_revision for e in events}
+        own = self._ledger.own
+        await self._writer.replies_in(lambda: all(r in own for r in revisions))
         if generation != self.feed.generation:
             return True  # a listing replaced the mirror meanwhile: this message is of the past
         return self.apply(events)

@@ -46,3 +46,6 @@ class OwnCommits:
 
     def __len__(self) -> int:
         return len(self._commits)
+
+    def __contains__(self, revision: object) -> bool:
+        return revision in self._commits

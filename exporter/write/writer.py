@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from loguru import logger
@@ -67,8 +67,8 @@ class ApplyResult:
 class Writer:
     """Commits plans; `fence` compares (leadership) are added to every transaction.
 
-    The watch waits for the replies of the transactions in flight (`replies_in`) before it
-    applies a message, so a revision of ours is known as ours (write/ledger.py) when it comes.
+    The watch waits, before it applies a message, until each of its revisions is known as ours
+    (write/ledger.py) or every transaction in flight when it came is answered (`replies_in`).
     """
 
     def __init__(
@@ -86,17 +86,20 @@ class Writer:
         self._max_ops = max_ops or _ETCD_TXN_OPS
         self._max_bytes = max_bytes or _ETCD_REQUEST_BYTES
         self._in_flight = asyncio.Semaphore(max_in_flight)
-        # One event per transaction sent and not answered yet.
+        # One event per transaction sent and not answered yet; `_answered` is set (and replaced) at each answer.
         self._flying: set[asyncio.Event] = set()
+        self._answered = asyncio.Event()
 
     def set_limits(self, max_ops: int, max_bytes: int) -> None:
         """etcd's limits per transaction (detected once etcd answers)."""
         self._max_ops, self._max_bytes = max_ops, max_bytes
 
-    async def replies_in(self) -> None:
-        """Return once every transaction in flight now is answered (or failed): their revisions are then known."""
-        if self._flying:
-            await asyncio.gather(*(event.wait() for event in list(self._flying)))
+    async def replies_in(self, known: Callable[[], bool]) -> None:
+        """Return once `known()` holds, or every transaction in flight now is answered (or failed): a
+        revision committed before now is then ours only if a reply said so."""
+        waiting = set(self._flying)
+        while waiting & self._flying and not known():
+            await self._answered.wait()
 
     async def apply(
         self, groups: Sequence[Sequence[UnitPlan]], fence: Sequence[Compare] = (), shared: Mapping[str, UnitPlan] | None = None
@@ -137,6 +140,8 @@ class Writer:
             finally:
                 self._flying.discard(answered)
                 answered.set()
+                pulse, self._answered = self._answered, asyncio.Event()
+                pulse.set()
         return reply.succeeded, reply.revision
 
     def _record(self, txn: Txn, changes: list[Change], succeeded: bool, revision: int) -> None:
