@@ -25,6 +25,7 @@ import tempfile
 import time
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 
@@ -33,7 +34,7 @@ from exporter.etcd.types import b64
 from . import VOID
 from .checker import History, Violation, check
 from .faults import Faults
-from .observe import Observation, etcd_diverged, observe
+from .observe import Observation, etcd_digests, etcd_diverged, observe, sample_mirrors
 from .recorder import Recorder
 from .workload import Workload
 from .world import AUTHORITIES, RECORDS, World, root_of
@@ -100,6 +101,8 @@ async def _run(args: argparse.Namespace, workdir: Path, world: World, http: aioh
     rss: dict[str, list[float]] = {}
     sampling_done = asyncio.Event()
     sampling = asyncio.create_task(sample_rss(world, rss, sampling_done))
+    mirrors: list[tuple[str, dict[str, Any]]] = []
+    mirroring = asyncio.create_task(sample_mirrors(http, world, mirrors, sampling_done))
     load = asyncio.create_task(workload.run(args.clients))
     drawing = asyncio.create_task(faults.run(args.mean_fault_gap))
     try:
@@ -117,6 +120,7 @@ async def _run(args: argparse.Namespace, workdir: Path, world: World, http: aioh
     seen, took = await converge(http, world, workdir, args.converge_timeout)
     sampling_done.set()
     await sampling
+    await mirroring
     end = await current_revision(http, world)
     await recorder.until(end, 60)
     recording.cancel()
@@ -124,7 +128,7 @@ async def _run(args: argparse.Namespace, workdir: Path, world: World, http: aioh
     history = History(
         requests=workload.requests, final=seen.final, etcd=recorder.history(), roots=[root_of(a) for a in AUTHORITIES],
         records_prefix=RECORDS, diff_exit=seen.diff_exit, served=seen.served, ready=seen.ready, leading=seen.leading,
-        rss=rss, rss_growth_bound=RSS_GROWTH_BOUND,
+        rss=rss, rss_growth_bound=RSS_GROWTH_BOUND, mirrors=await etcd_digests(http, world, mirrors),
     )
     violations = check(history)
     (workdir / "history.json").write_text(json.dumps(
@@ -166,7 +170,8 @@ def _report(args: argparse.Namespace, workload: Workload, faults: Faults, histor
     print(f"checker: {len(history.final)} ingresses stored ({live} live), {len(history.etcd)} etcd revisions replayed "
           f"(watch resumed {recorder.resumed} times), {probed} host probes on {len(history.served)} Traefiks, "
           f"{sum(len(v) for v in history.rss.values())} RSS samples of {len(history.rss)} processes "
-          f"(max growth {max((max(v) - v[0] for v in history.rss.values() if v), default=0):.0f} MB); "
+          f"(max growth {max((max(v) - v[0] for v in history.rss.values() if v), default=0):.0f} MB), "
+          f"{len(history.mirrors)} /v1/mirror samples held to etcd at their revisions; "
           f"converged {took:.1f}s after the faults healed")
 
 

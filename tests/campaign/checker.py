@@ -87,6 +87,8 @@ class History:
     leading: dict[str, bool] = field(default_factory=dict)  # sidecar -> leads
     rss: dict[str, list[float]] = field(default_factory=dict)  # sidecar -> MB samples, in order
     rss_growth_bound: float = 100.0
+    # `/v1/mirror` samples: (sidecar, revision, its digest, the digest of etcd read at that revision)
+    mirrors: list[tuple[str, int, str, str]] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -102,7 +104,7 @@ class Violation:
 
 
 def check(history: History) -> list[Violation]:
-    """Every violation of the seven rules in `history` (empty: it holds)."""
+    """Every violation of the eight rules in `history` (empty: it holds)."""
     return [
         *acknowledged_kept(history.requests, history.final),
         *durable_when_answered(history.requests, history.etcd, history.records_prefix),
@@ -112,6 +114,7 @@ def check(history: History) -> list[Violation]:
         *served_exactly(history),
         *ready_and_one_leader(history.ready, history.leading),
         *rss_bounded(history.rss, history.rss_growth_bound),
+        *mirrors_equal_etcd(history.mirrors),
     ]
 
 
@@ -302,3 +305,9 @@ def rss_bounded(samples: Mapping[str, Sequence[float]], bound: float) -> list[Vi
         for sidecar, mb in sorted(samples.items())
         if mb and max(mb) - mb[0] > bound
     ]
+
+
+def mirrors_equal_etcd(samples: Sequence[tuple[str, int, str, str]]) -> list[Violation]:
+    """Rule 8: every `/v1/mirror` sample equals etcd read at the sample's revision."""
+    return [Violation(8, sidecar, f"/v1/mirror at revision {revision} has digest {mine[:16]}, etcd read there {etcd[:16]}")
+            for sidecar, revision, mine, etcd in samples if mine != etcd]

@@ -1,14 +1,18 @@
 """What a campaign looks at once the faults have healed: the stored records, each root's `diff`,
-what each Traefik serves, each sidecar's readiness and leadership."""
+what each Traefik serves, each sidecar's readiness and leadership; and, while the faults run,
+each sidecar's `/v1/mirror`, held afterwards to etcd read at each sample's revision."""
 
 from __future__ import annotations
 
 import asyncio
+import base64
+import contextlib
 import hashlib
 import json
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 
@@ -123,3 +127,41 @@ async def etcd_diverged(http: aiohttp.ClientSession, world: World, revision: int
     if len(set(hashes.values())) > 1:
         problems.append(f"the keyspaces at revision {revision} differ: {hashes}")
     return problems
+
+
+async def sample_mirrors(http: aiohttp.ClientSession, world: World, samples: list[tuple[str, dict[str, Any]]], stop: asyncio.Event) -> None:
+    """Each live sidecar's `/v1/mirror` every second while the faults run."""
+    while not stop.is_set():
+        for sidecar in world.sidecars:
+            try:
+                async with http.get(f"{sidecar.control}/v1/mirror", timeout=aiohttp.ClientTimeout(total=2)) as resp:
+                    if resp.status == 200:
+                        found = await resp.json()
+                        if found["revision"]:
+                            samples.append((sidecar.name, found))
+            except (aiohttp.ClientError, TimeoutError):
+                continue  # down or stopped by a fault: nothing to sample
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), 1.0)
+
+
+async def etcd_digests(
+    http: aiohttp.ClientSession, world: World, samples: list[tuple[str, dict[str, Any]]]
+) -> list[tuple[str, int, str, str]]:
+    """Each sample with the digest of etcd read at its revision (docs/operations.md, `GET /v1/mirror`)."""
+    read: dict[tuple[int, tuple[str, ...]], str] = {}
+    out = []
+    for sidecar, found in samples:
+        revision, prefixes = int(found["revision"]), tuple(found["prefixes"])
+        if (revision, prefixes) not in read:
+            kvs = []
+            for prefix in prefixes:
+                body = {"key": b64(prefix), "range_end": b64_range_end(prefix), "revision": str(revision)}
+                kvs += (await world.gateway(http, "/v3/kv/range", body)).get("kvs", [])
+            digest = hashlib.sha256()
+            for kv in sorted(kvs, key=lambda kv: base64.b64decode(kv["key"])):
+                digest.update(base64.b64decode(kv["key"]) + b"\0" + base64.b64decode(kv.get("value", "")) + b"\0"
+                              + str(kv["mod_revision"]).encode() + b"\n")
+            read[(revision, prefixes)] = digest.hexdigest()
+        out.append((sidecar, revision, str(found["digest"]), read[(revision, prefixes)]))
+    return out

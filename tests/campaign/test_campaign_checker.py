@@ -34,7 +34,7 @@ def clean() -> History:
         etcd=[(2, ingress_keys("c_x", 1)), (3, {f"{RECORDS}/c/x": record(2)})],
         roots=[ROOT], records_prefix=RECORDS,
         diff_exit={ROOT: 0}, served={"traefik-a": {"x.test": (200, "b1")}}, ready={"s1": 200, "s2": 200}, leading={"s1": True, "s2": False},
-        rss={"s1": [80, 95, 90]},
+        rss={"s1": [80, 95, 90]}, mirrors=[("s1", 3, "ab12", "ab12"), ("s2", 2, "cd34", "cd34")],
     )
 
 
@@ -196,3 +196,10 @@ def test_every_planted_defect_finds_what_it_patches() -> None:
     code = "import exporter.plan.guards as g; from tests.campaign.defects import DEFECTS; del g.order_changes; DEFECTS['keeps-keys']()"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode != 0 and "has no 'order_changes'" in done.stderr
+
+
+def test_a_sidecar_whose_mirror_differs_from_etcd_at_its_revision_breaks_rule_8() -> None:
+    history = clean()
+    history.mirrors.append(("s2", 3, "ee00", "ab12"))  # at revision 3 it holds what etcd never held there
+    assert rules(history) == [8]
+    assert str(check(history)[0]) == "rule 8 (s2): /v1/mirror at revision 3 has digest ee00, etcd read there ab12"
