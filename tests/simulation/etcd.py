@@ -65,7 +65,12 @@ class SimEtcd(FakeEtcd):
         return await call.future  # type: ignore[no-any-return]
 
     async def range_prefix(self, prefix: str, *, revision: int = 0) -> RangePage:
-        return await self._call(Call("range", lambda: FakeEtcd.range_prefix(self, prefix, revision=revision)))  # type: ignore[no-any-return]
+        # Pages of one key, each a step: the client pins every page to the first one's revision,
+        # so a compaction in between fails the read as it would on etcd.
+        page: RangePage = await self._call(Call("range", lambda: FakeEtcd.range_prefix(self, prefix, revision=revision)))
+        for _more in page.kvs[1:]:
+            await self._call(Call("page", lambda: FakeEtcd.range_prefix(self, prefix, revision=page.revision)))
+        return page
 
     async def get_at(self, key: str, revision: int = 0) -> tuple[KeyValue | None, int]:
         return await self._call(Call("get", lambda: FakeEtcd.get_at(self, key, revision)))  # type: ignore[no-any-return]
