@@ -38,6 +38,8 @@ class Observed:
         self.beacons = Beacons()
         # The etcd revision the mirror is a copy of (0: not listed yet).
         self.revision = 0
+        # The digest last computed, and the revision it is of: monitoring asks again and again.
+        self._digest = (-1, "")
 
     def set(self, key: str, value: str | None, mod_revision: int) -> None:
         """Record a put (value) or delete (None) seen at `mod_revision`."""
@@ -179,9 +181,12 @@ class Observed:
     def digest(self) -> str:
         """The lowercase hex SHA-256 of every key, in ascending byte order: key, 0x00, value, 0x00, mod_revision
         in ASCII decimal, 0x0A (what a range read of etcd at `revision` hashes to as well)."""
+        if self._digest[0] == self.revision:
+            return self._digest[1]  # the mirror changes only with its revision
         sha = hashlib.sha256()
         values, mods = self._values, self._mods
         # str order is code point order, which is UTF-8 byte order.
         for key in sorted(values):
             sha.update(b"%s\0%s\0%d\n" % (key.encode(), values[key].encode(), mods[key]))
-        return sha.hexdigest()
+        self._digest = (self.revision, sha.hexdigest())
+        return self._digest[1]
