@@ -136,9 +136,9 @@ async def test_a_foreign_key_written_into_an_object_being_created_is_repaired(
 
 
 async def test_an_edit_another_writer_makes_in_the_middle_of_a_bulk_is_repaired(etcd: EmbeddedEtcd, etcd_client: EtcdClient) -> None:
-    # 1,000 ingresses in one request are written with the watches paused (docs/writer.md,
-    # "Watches paused for a bulk"): an edit slipped in between two of the bulk's transactions
-    # breaks the run of our own revisions, so the watches replay from before it and it is repaired.
+    # 1,000 ingresses in one request are written with the watch running (docs/writer.md, "No pause
+    # for a bulk"): an edit slipped in between two of the bulk's transactions is a revision that
+    # is not ours, applied in order among ours, and repaired as drift.
     authority = uid("bulk")
     root = f"traefik/worker_{authority}"  # not the root the session's Traefik reads
     ids = sorted(uid() for _ in range(1000))
