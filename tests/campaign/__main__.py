@@ -25,7 +25,6 @@ import tempfile
 import time
 from collections import Counter
 from pathlib import Path
-from typing import Any
 
 import aiohttp
 
@@ -34,7 +33,7 @@ from exporter.etcd.types import b64
 from . import VOID
 from .checker import History, Violation, check
 from .faults import Faults
-from .observe import Observation, etcd_digests, etcd_diverged, observe, sample_mirrors
+from .observe import Observation, etcd_diverged, observe, sample_mirrors
 from .recorder import Recorder
 from .workload import Workload
 from .world import AUTHORITIES, RECORDS, World, root_of
@@ -101,7 +100,7 @@ async def _run(args: argparse.Namespace, workdir: Path, world: World, http: aioh
     rss: dict[str, list[float]] = {}
     sampling_done = asyncio.Event()
     sampling = asyncio.create_task(sample_rss(world, rss, sampling_done))
-    mirrors: list[tuple[str, dict[str, Any]]] = []
+    mirrors: list[tuple[str, int, str, str]] = []
     mirroring = asyncio.create_task(sample_mirrors(http, world, mirrors, sampling_done))
     load = asyncio.create_task(workload.run(args.clients))
     drawing = asyncio.create_task(faults.run(args.mean_fault_gap))
@@ -128,7 +127,7 @@ async def _run(args: argparse.Namespace, workdir: Path, world: World, http: aioh
     history = History(
         requests=workload.requests, final=seen.final, etcd=recorder.history(), roots=[root_of(a) for a in AUTHORITIES],
         records_prefix=RECORDS, diff_exit=seen.diff_exit, served=seen.served, ready=seen.ready, leading=seen.leading,
-        rss=rss, rss_growth_bound=RSS_GROWTH_BOUND, mirrors=await etcd_digests(http, world, mirrors),
+        rss=rss, rss_growth_bound=RSS_GROWTH_BOUND, mirrors=mirrors,
     )
     violations = check(history)
     (workdir / "history.json").write_text(json.dumps(

@@ -129,39 +129,43 @@ async def etcd_diverged(http: aiohttp.ClientSession, world: World, revision: int
     return problems
 
 
-async def sample_mirrors(http: aiohttp.ClientSession, world: World, samples: list[tuple[str, dict[str, Any]]], stop: asyncio.Event) -> None:
-    """Each live sidecar's `/v1/mirror` every second while the faults run."""
+async def sample_mirrors(
+    http: aiohttp.ClientSession, world: World, samples: list[tuple[str, int, str, str]], stop: asyncio.Event
+) -> None:
+    """Each live sidecar's `/v1/mirror` every second while the faults run, each with etcd read at its revision at once
+    (the compaction fault would erase it later); a sample whose revision is compacted before the read is left out."""
+    read: dict[tuple[int, tuple[str, ...]], str | None] = {}
     while not stop.is_set():
         for sidecar in world.sidecars:
             try:
                 async with http.get(f"{sidecar.control}/v1/mirror", timeout=aiohttp.ClientTimeout(total=2)) as resp:
-                    if resp.status == 200:
-                        found = await resp.json()
-                        if found["revision"]:
-                            samples.append((sidecar.name, found))
+                    if resp.status != 200:
+                        continue
+                    found: dict[str, Any] = await resp.json()
             except (aiohttp.ClientError, TimeoutError):
                 continue  # down or stopped by a fault: nothing to sample
+            revision, prefixes = int(found["revision"]), tuple(str(p) for p in found["prefixes"])
+            if not revision:
+                continue
+            if (revision, prefixes) not in read:
+                read[(revision, prefixes)] = await etcd_digest(http, world, revision, prefixes)
+            if (etcd := read[(revision, prefixes)]) is not None:
+                samples.append((sidecar.name, revision, str(found["digest"]), etcd))
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), 1.0)
 
 
-async def etcd_digests(
-    http: aiohttp.ClientSession, world: World, samples: list[tuple[str, dict[str, Any]]]
-) -> list[tuple[str, int, str, str]]:
-    """Each sample with the digest of etcd read at its revision (docs/operations.md, `GET /v1/mirror`)."""
-    read: dict[tuple[int, tuple[str, ...]], str] = {}
-    out = []
-    for sidecar, found in samples:
-        revision, prefixes = int(found["revision"]), tuple(found["prefixes"])
-        if (revision, prefixes) not in read:
-            kvs = []
-            for prefix in prefixes:
-                body = {"key": b64(prefix), "range_end": b64_range_end(prefix), "revision": str(revision)}
-                kvs += (await world.gateway(http, "/v3/kv/range", body)).get("kvs", [])
-            digest = hashlib.sha256()
-            for kv in sorted(kvs, key=lambda kv: base64.b64decode(kv["key"])):
-                digest.update(base64.b64decode(kv["key"]) + b"\0" + base64.b64decode(kv.get("value", "")) + b"\0"
-                              + str(kv["mod_revision"]).encode() + b"\n")
-            read[(revision, prefixes)] = digest.hexdigest()
-        out.append((sidecar, revision, str(found["digest"]), read[(revision, prefixes)]))
-    return out
+async def etcd_digest(http: aiohttp.ClientSession, world: World, revision: int, prefixes: tuple[str, ...]) -> str | None:
+    """The digest of etcd read at `revision` under `prefixes` (docs/operations.md, `GET /v1/mirror`); None: compacted."""
+    kvs = []
+    for prefix in prefixes:
+        body = {"key": b64(prefix), "range_end": b64_range_end(prefix), "revision": str(revision)}
+        answer = await world.gateway(http, "/v3/kv/range", body)
+        if "header" not in answer:
+            return None  # an error: the revision was compacted meanwhile
+        kvs += answer.get("kvs", [])
+    digest = hashlib.sha256()
+    for kv in sorted(kvs, key=lambda kv: base64.b64decode(kv["key"])):
+        digest.update(base64.b64decode(kv["key"]) + b"\0" + base64.b64decode(kv.get("value", "")) + b"\0"
+                      + str(kv["mod_revision"]).encode() + b"\n")
+    return digest.hexdigest()
