@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from exporter.errors import ExporterError
-from exporter.etcd.store import EtcdStore
-from exporter.etcd.types import Compare, KeyValue, Op, RangePage, TxnResult, WatchEvent
+from exporter.etcd.types import Compare, Op, TxnResult
 from exporter.keys import IngressRef, KeyLayout
 from exporter.plan.plan import Plan
 from exporter.plan.planner import Planner
@@ -28,7 +27,7 @@ from exporter.roles import Ejections
 from exporter.store.observed import Observed
 from exporter.store.records import Record, Removal, decode_record
 from tests.fake_reconciler import CERT, Leader
-from tests.helpers import AUTHORITY, record
+from tests.helpers import AUTHORITY, HookedEtcd, record
 from tests.replay import dangling
 
 from .etcd import Call, SimEtcd
@@ -70,37 +69,15 @@ class CheckedPlanner(Planner):
         return super().plan(desired, observed, owners, ejections, include_roots)
 
 
-class Client(EtcdStore):
+class Client(HookedEtcd):
     """One sidecar's view of the scheduled etcd: its transactions are known as its own."""
 
     def __init__(self, etcd: SimEtcd, index: int) -> None:
+        super().__init__(etcd)
         self._etcd, self.index = etcd, index
-
-    async def get(self, key: str) -> KeyValue | None:
-        return await self._etcd.get(key)
-
-    async def get_at(self, key: str, revision: int = 0) -> tuple[KeyValue | None, int]:
-        return await self._etcd.get_at(key, revision)
-
-    async def range_prefix(self, prefix: str, *, revision: int = 0) -> RangePage:
-        return await self._etcd.range_prefix(prefix, revision=revision)
 
     async def txn(self, compares: Sequence[Compare], ops: Sequence[Op]) -> TxnResult:
         return await self._etcd.txn(compares, ops, owner=self.index)
-
-    def watch_prefix(
-        self, prefix: str, start_revision: int, idle_timeout: float, *, end: str | None = None
-    ) -> AsyncIterator[list[WatchEvent]]:
-        return self._etcd.watch_prefix(prefix, start_revision, idle_timeout, end=end)
-
-    async def lease_grant(self, ttl: int) -> int:
-        return await self._etcd.lease_grant(ttl)
-
-    async def lease_keepalive(self, lease: int) -> int:
-        return await self._etcd.lease_keepalive(lease)
-
-    async def lease_revoke(self, lease: int) -> None:
-        await self._etcd.lease_revoke(lease)
 
 
 @dataclass
