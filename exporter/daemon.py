@@ -132,6 +132,8 @@ class Daemon:
         for runner in self._runners:
             await runner.cleanup()
         await parts.etcd.close()
+        # The spans still queued are exported before the process ends (a blocking flush: off the loop).
+        await asyncio.to_thread(parts.tracing.shutdown)
 
     async def run_until_signal(self) -> None:
         """Run until SIGTERM or SIGINT."""

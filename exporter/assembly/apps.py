@@ -75,6 +75,7 @@ def push_api(parts: Parts) -> web.Application | None:
     return push_api_app(
         parts.reconciler, token=token, jwt_secret=jwt_secret, max_body_bytes=api.max_body_bytes,
         ready=parts.readiness.accepting, serving=parts.serving, refused=parts.events.refused, metrics=parts.metrics,
+        tracing=parts.tracing,
     )
 
 

@@ -30,6 +30,7 @@ from ..render.root_keys import load_certificate
 from ..roles import AlwaysLeader, LeaderPolicy
 from ..store.observed import Observed
 from ..store.records import RecordStore
+from ..tracing.hooks import NO_TRACING, Tracing
 from ..traefik.api import TraefikApi
 from ..traefik.diagnosis import State
 from ..traefik.observer import TraefikObserver
@@ -99,7 +100,7 @@ def build_reconciler(
 
 def observer(
     settings: Settings, layout: KeyLayout, observed: Observed, store: RecordStore,
-    on_state: Callable[[str, State, str], None], metrics: Metrics,
+    on_state: Callable[[str, State, str], None], metrics: Metrics, tracing: Tracing = NO_TRACING,
 ) -> TraefikObserver | None:
     """The observer of what Traefik serves (None without `traefik.api_url`)."""
     t = settings.traefik
@@ -107,7 +108,8 @@ def observer(
         return None
     api = TraefikApi(t.api_url, username=t.username, password=settings.secret("traefik.password"), metrics=metrics)
     return TraefikObserver(
-        api, layout, observed, store, max_lag=t.max_lag, poll_interval=t.poll_interval, on_state=on_state, metrics=metrics
+        api, layout, observed, store, max_lag=t.max_lag, poll_interval=t.poll_interval, on_state=on_state, metrics=metrics,
+        tracing=tracing,
     )
 
 
@@ -124,12 +126,14 @@ def passive(settings: Settings, layout: KeyLayout, metrics: Metrics) -> PassiveH
 
 
 def notifier(
-    settings: Settings, leader: LeaderPolicy, ingress_of: Callable[[IngressRef], Ingress | None], metrics: Metrics
+    settings: Settings, leader: LeaderPolicy, ingress_of: Callable[[IngressRef], Ingress | None], metrics: Metrics,
+    tracing: Tracing = NO_TRACING,
 ) -> Notifier | None:
     """The notifier of the coordinator (None without `health.notify_url`)."""
     if settings.health.notify_url is None:
         return None
-    return Notifier(settings.health.notify_url, settings.secret("health.notify_token"), leader, ingress_of, metrics=metrics)
+    return Notifier(settings.health.notify_url, settings.secret("health.notify_token"), leader, ingress_of, metrics=metrics,
+                    tracing=tracing)
 
 
 def passive_monitor(

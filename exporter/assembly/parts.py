@@ -18,7 +18,7 @@ from ..health.notify import Notifier
 from ..health.passive_monitor import PassiveMonitor
 from ..health.shared import SharedHealth
 from ..keys import KeyLayout
-from ..leader import Leadership
+from ..leader import Leadership, default_identity
 from ..metrics import Metrics
 from ..reconcile import Collaborators, Inbox, Reconciler
 from ..render.ca_files import CaFiles
@@ -29,6 +29,8 @@ from ..sources.files import IngressFiles
 from ..store.observed import Observed
 from ..store.records import RecordStore
 from ..supervisor import Supervisor
+from ..tracing.hooks import Tracing
+from ..tracing.setup import start_tracing
 from ..traefik.observer import TraefikObserver
 from ..traefik.serving import Serving
 from . import factories
@@ -62,6 +64,7 @@ class Parts:
     observer: TraefikObserver | None
     passive: PassiveMonitor | None
     discovery: Discovery | None
+    tracing: Tracing
 
 
 def _read_at_scrape(metrics: Metrics, ca_files: CaFiles, readiness: Readiness) -> None:
@@ -75,10 +78,15 @@ def assemble(settings: Settings, dry_run: bool = False) -> Parts:
     layout = settings.layout()
     metrics = Metrics()
     supervisor = Supervisor(metrics=metrics)
+    identity = default_identity()
+    # First: a setting it refuses (the extra missing) stops the daemon before anything starts.
+    tracing = start_tracing(settings.otel, identity)
     etcd = factories.etcd_client(settings)
     inbox, observed, store = Inbox(), Observed(layout), RecordStore()
-    leadership, shared = _election(settings, etcd, layout, metrics) if settings.leader.enabled and not dry_run else (None, None)
-    notifier = factories.notifier(settings, leadership or AlwaysLeader(), store.ingress_of, metrics)
+    leadership, shared = (
+        _election(settings, etcd, layout, metrics, identity) if settings.leader.enabled and not dry_run else (None, None)
+    )
+    notifier = factories.notifier(settings, leadership or AlwaysLeader(), store.ingress_of, metrics, tracing)
     events = EventRing(forward=notifier)
     if leadership is not None:
         identity = leadership.identity
@@ -86,20 +94,20 @@ def assemble(settings: Settings, dry_run: bool = False) -> Parts:
     passive = factories.passive(settings, layout, metrics)
     health = HealthEngine(load_kinds(BUILTIN), inbox, concurrency=settings.health.concurrency, shared=shared,
                           rendered_urls=observed.server_urls, passive=passive, transitions=events, supervisor=supervisor,
-                          metrics=metrics)
+                          metrics=metrics, tracing=tracing)
     store.add_listener(health.update)
     edge = factories.edge_policy(settings)
     renderer = factories.renderer_for(settings, layout, edge)
     observer = factories.observer(
         settings, layout, observed, store, on_state=lambda root, state, _text: events.add("traefik", f"{state} on {root}"),
-        metrics=metrics,
+        metrics=metrics, tracing=tracing,
     )
     reconciler = factories.build_reconciler(
         settings, etcd, dry_run=dry_run, layout=layout, renderer=renderer,
         shared=Collaborators(
             store=store, observed=observed, inbox=inbox, leader=leadership or AlwaysLeader(),
             ejections=health, admission=AllOf(health, edge), supervisor=supervisor,
-            behind=observer.behind if observer is not None else None, metrics=metrics,
+            behind=observer.behind if observer is not None else None, metrics=metrics, tracing=tracing,
         ),
     )
     if observer is not None:
@@ -118,13 +126,15 @@ def assemble(settings: Settings, dry_run: bool = False) -> Parts:
         status=_status(etcd, reconciler, serving, observer, health, events, readiness, leadership, discovery),
         leadership=leadership, shared=shared, notifier=notifier, observer=observer,
         passive=factories.passive_monitor(settings, layout, passive, health, store.ingress_of, leadership),
-        discovery=discovery,
+        discovery=discovery, tracing=tracing,
     )
 
 
-def _election(settings: Settings, etcd: EtcdClient, layout: KeyLayout, metrics: Metrics) -> tuple[Leadership, SharedHealth]:
+def _election(
+    settings: Settings, etcd: EtcdClient, layout: KeyLayout, metrics: Metrics, identity: str
+) -> tuple[Leadership, SharedHealth]:
     """The campaign for the root's election key, and the health states shared through it."""
-    leadership = Leadership(etcd, layout.election_key, settings.leader.ttl, metrics=metrics)
+    leadership = Leadership(etcd, layout.election_key, settings.leader.ttl, identity=identity, metrics=metrics)
     return leadership, SharedHealth(etcd, layout, leadership.identity, leadership)
 
 

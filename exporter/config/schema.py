@@ -29,6 +29,7 @@ from .sections import (
     HealthSettings,
     LeaderSettings,
     LogSettings,
+    OtelSettings,
     SourcesSettings,
     TemplatesSettings,
     TlsSettings,
@@ -69,6 +70,7 @@ class Settings(BaseSettings):
     upstream: UpstreamSettings = Field(default_factory=UpstreamSettings)
     discovery: DiscoverySettings = Field(default_factory=DiscoverySettings)
     log: LogSettings = Field(default_factory=LogSettings)
+    otel: OtelSettings = Field(default_factory=OtelSettings)
 
     @field_validator("root_key")
     @classmethod

@@ -300,3 +300,41 @@ class LogSettings(_Section):
         default="auto", description="auto: human on a TTY, JSON lines otherwise"
     )
     level: str = Field(default="INFO", description="DEBUG, INFO, WARNING or ERROR")
+
+
+class OtelSettings(_Section):
+    """Traces of every push, from the coordinator's request to the moment Traefik serves it (OpenTelemetry, OTLP).
+
+    Needs the extra `traefik-etcd-exporter[otel]`. `endpoint` and `service_name` left unset
+    follow `OTEL_EXPORTER_OTLP_ENDPOINT` and `OTEL_SERVICE_NAME` when those are set;
+    `OTEL_RESOURCE_ATTRIBUTES` adds to the resource.
+    """
+
+    enabled: bool = Field(default=False, description="export traces (off: OpenTelemetry is not even imported)")
+    endpoint: str = Field(
+        default="http://localhost:4317",
+        description="the collector: host and port for grpc; for http/protobuf a base URL (/v1/traces is added) or the full URL",
+    )
+    protocol: Literal["grpc", "http/protobuf"] = Field(default="grpc", description="OTLP over gRPC, or protobuf over HTTP")
+    service_name: str = Field(default="traefik-etcd-exporter", min_length=1, description="the resource's service.name")
+    sample_ratio: float = Field(
+        default=1.0, ge=0.0, le=1.0, description="share of new traces kept; a push continuing a trace follows its sampled flag",
+    )
+    max_queue_size: int = Field(default=2048, ge=1, description="spans queued for export at most (more are dropped)")
+    max_export_batch_size: int = Field(default=512, ge=1, description="spans per export request, at most max_queue_size")
+    headers_file: ConfigPath | None = Field(
+        default=None, description="headers sent with every export (a collector's token): `name=value` per line or comma-separated",
+    )
+
+    @field_validator("endpoint")
+    @classmethod
+    def _endpoint(cls, value: str) -> str:
+        if not re.match(r"^https?://[^/\s]+(/\S*)?\Z", value):
+            raise ValueError(f"endpoint {value!r} must look like http://host:port")
+        return value
+
+    @model_validator(mode="after")
+    def _batch_fits(self) -> OtelSettings:
+        if self.max_export_batch_size > self.max_queue_size:
+            raise ValueError("max_export_batch_size must be at most max_queue_size")
+        return self

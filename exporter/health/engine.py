@@ -23,6 +23,7 @@ from ..ingress import Ingress
 from ..keys import IngressRef
 from ..metrics import Metrics, Sample
 from ..supervisor import Supervisor
+from ..tracing.hooks import NO_TRACING, Tracing
 from . import report
 from .checkers import CheckerKind, CheckerTarget, targets_of
 from .notify import Transitions
@@ -55,13 +56,16 @@ class HealthEngine:
         clock: Callable[[], float] = time.monotonic,
         supervisor: Supervisor | None = None,
         metrics: Metrics | None = None,
+        tracing: Tracing = NO_TRACING,
     ) -> None:
         """`shared`: set on every exporter sharing a root (followers read the leader's states from it);
         `rendered_urls`: the server URLs an ingress's load balancers hold in etcd right now;
         `passive`: passive health, whose ejections add to the probes'; `transitions`: told of every
         routed / not routed change of a node (the leader's notifications); `supervisor`: runs the
-        probe tasks (a crash is logged, counted and restarted); `metrics`: where probes are counted."""
+        probe tasks (a crash is logged, counted and restarted); `metrics`: where probes are counted;
+        `tracing`: a span of each probe that changed a node's state."""
         self.kinds = kinds
+        self._tracing = tracing
         self._replan = replan
         self._clock = clock
         self._metrics = metrics or Metrics()
@@ -203,10 +207,13 @@ class HealthEngine:
                 checked.task = None
 
     async def _run(self, owner: IngressRef, name: str) -> None:
-        def changed(node: str, health: NodeHealth, outcome: str) -> None:
-            logger.info("health: {} {} is now {} ({})", name, node, health.state.value, outcome)
-            if self.passive is None or node not in self.passive.ejected(owner):
-                self.routing_changed(owner, node, health.routed, f"active: {outcome}")
+        def changed(node: str, health: NodeHealth, outcome: str, started_ns: int) -> None:
+            change = {"exporter.ingress": str(owner), "exporter.health.state": health.state.value,
+                      "exporter.health.routed": str(health.routed).lower(), "exporter.health.outcome": outcome}
+            with self._tracing.probe_changed(name, node, started_ns, change):
+                logger.info("health: {} {} is now {} ({})", name, node, health.state.value, outcome)
+                if self.passive is None or node not in self.passive.ejected(owner):
+                    self.routing_changed(owner, node, health.routed, f"active: {outcome}")
 
         await probe_target(lambda: self._checked.get(owner, {}).get(name), self._prober, self._clock, self._metrics, changed)
 

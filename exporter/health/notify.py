@@ -24,6 +24,7 @@ from ..ingress import Ingress
 from ..keys import IngressRef
 from ..metrics import Metrics
 from ..roles import LeaderPolicy
+from ..tracing.hooks import NO_TRACING, Tracing
 from .passive import group_of
 
 
@@ -45,9 +46,11 @@ class Notifier:
     def __init__(
         self, url: str, token: str | None, leader: LeaderPolicy, ingress_of: Callable[[IngressRef], Ingress | None], *,
         min_interval: float = 1.0, max_backoff: float = 30.0, timeout: float = 10.0, max_batch: int = 1000,
-        metrics: Metrics | None = None,
+        metrics: Metrics | None = None, tracing: Tracing = NO_TRACING,
     ) -> None:
+        """`tracing`: each request is a CLIENT span carrying `traceparent`, linked to the probes whose changes it tells."""
         self._url = url
+        self._tracing = tracing
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
         self._leader = leader
         self._ingress_of = ingress_of
@@ -56,6 +59,8 @@ class Notifier:
         self._timeout = timeout
         self._max_batch = max_batch
         self._pending: deque[dict[str, Any]] = deque()
+        # Beside each pending event: the span of the probe that caused it, to link to (tracing/hooks.py).
+        self._links: deque[Any] = deque()
         self._wake = asyncio.Event()
         self._metrics = metrics or Metrics()
         self._metrics.notifications_pending.read_from(lambda: [((), float(len(self._pending)))])
@@ -69,6 +74,7 @@ class Notifier:
             "from": _state(not routed), "to": _state(routed), "reason": reason,
             "at": datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z"),
         })
+        self._links.append(self._tracing.linked())
         self._wake.set()
 
     async def run(self) -> None:
@@ -82,12 +88,15 @@ class Notifier:
                 if not self._leader.is_leader():
                     logger.warning("no longer the leader: {} health notifications dropped", len(self._pending))
                     self._pending.clear()
+                    self._links.clear()
                 else:
                     batch = list(islice(self._pending, self._max_batch))
+                    links = [link for link in islice(self._links, len(batch)) if link is not None]
                     last = time.monotonic()
-                    if await self._send(session, batch):
+                    if await self._send(session, batch, links):
                         for _ in batch:
                             self._pending.popleft()
+                            self._links.popleft()
                         self._metrics.notifications.inc(len(batch))
                         backoff = 0.5
                     else:
@@ -96,14 +105,17 @@ class Notifier:
                 if not self._pending:
                     self._wake.clear()
 
-    async def _send(self, session: aiohttp.ClientSession, batch: list[dict[str, Any]]) -> bool:
-        try:
-            async with session.post(self._url, json={"events": batch}, headers=self._headers) as response:
-                if 200 <= response.status < 300:
-                    return True
-                reason = f"HTTP {response.status}"
-        except (TimeoutError, aiohttp.ClientError) as exc:
-            reason = type(exc).__name__
+    async def _send(self, session: aiohttp.ClientSession, batch: list[dict[str, Any]], links: list[Any]) -> bool:
+        with self._tracing.notification(self._url, len(batch), links) as call:
+            try:
+                async with session.post(self._url, json={"events": batch}, headers={**self._headers, **call.headers}) as response:
+                    call.answered(response.status)
+                    if 200 <= response.status < 300:
+                        return True
+                    reason = f"HTTP {response.status}"
+            except (TimeoutError, aiohttp.ClientError) as exc:
+                reason = type(exc).__name__
+                call.failed(reason)
         self._metrics.notification_failures.inc()
         logger.warning("health notification of {} events not delivered ({}); will retry", len(batch), reason)
         return False

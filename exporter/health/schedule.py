@@ -67,9 +67,12 @@ class Prober:
 
 async def probe_target(
     checked_now: Callable[[], Checked | None], prober: Prober, clock: Callable[[], float], metrics: Metrics,
-    changed: Callable[[str, NodeHealth, str], None],
+    changed: Callable[[str, NodeHealth, str, int], None],
 ) -> None:
-    """Probe one target every interval until `checked_now()` no longer finds it (it reads the node set anew each time)."""
+    """Probe one target every interval until `checked_now()` no longer finds it (it reads the node set anew each time).
+
+    `changed` is told of every state change: the node, its health, the probe's outcome and when the probe started (ns).
+    """
     checked = checked_now()
     if checked is None:
         return
@@ -83,6 +86,7 @@ async def probe_target(
             return
         metrics.schedule_lag.observe(max(0.0, clock() - due))
         target, check = checked.target, checked.target.check
+        started = time.time_ns()
         outcomes = await asyncio.gather(*(prober.probe(target, node) for node in target.nodes))
         now = clock()
         limits = Thresholds(successes=1, failures=check.max_retries, initial_delay=check.initial_delay)
@@ -96,6 +100,6 @@ async def probe_target(
                 health.success_at = health.checked_at
             if health.record(outcome, now, limits):
                 metrics.health_transitions.labels(health.state.value).inc()
-                changed(node.url, health, str(outcome))
+                changed(node.url, health, str(outcome), started)
         due += check.interval * random.uniform(0.95, 1.05)
         due = max(due, clock())

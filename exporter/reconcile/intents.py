@@ -11,6 +11,7 @@ import asyncio
 import itertools
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from ..errors import EtcdError, EtcdUnavailable, ExporterError, StaleRevisionError
 from ..keys import IngressRef
@@ -26,6 +27,8 @@ class Intent:
     ref: IngressRef
     record: Record
     group: int
+    # What tracing took of the request when it was staged (tracing/hooks.py; None: untraced).
+    trace: Any = None
     future: asyncio.Future[None] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
 
 
@@ -75,10 +78,10 @@ class Intents:
         view.update(self._pending)
         return view
 
-    def stage(self, changes: Iterable[tuple[IngressRef, Record]]) -> list[Intent]:
-        """Queue the changes of one request (already checked); returns its intents."""
+    def stage(self, changes: Iterable[tuple[IngressRef, Record]], trace: Any = None) -> list[Intent]:
+        """Queue the changes of one request (already checked); returns its intents (`trace`: tracing's view of the request)."""
         group = next(self._groups)
-        intents = [Intent(ref, record, group) for ref, record in changes]
+        intents = [Intent(ref, record, group, trace) for ref, record in changes]
         for intent in intents:
             self._pending[intent.ref] = intent.record
         if not self._queue:

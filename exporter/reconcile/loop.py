@@ -19,6 +19,7 @@ from loguru import logger
 from ..errors import EtcdError, EtcdUnavailable, ExporterError
 from ..metrics import Metrics
 from ..roles import LeaderPolicy
+from ..tracing.hooks import NO_TRACING, Tracing
 from ..write.pacer import Pacer
 from .commit import Batch, Committer
 from .inbox import Inbox
@@ -63,9 +64,10 @@ class Loop:
     def __init__(
         self, *, inbox: Inbox, intents: Intents, mirror: Mirror, committer: Committer, leader: LeaderPolicy,
         status: Status, cadence: Cadence, pacer: Pacer, metrics: Metrics, prepare: Callable[[], Awaitable[None]] | None = None,
-        after_full_pass: Callable[[], None] | None = None,
+        after_full_pass: Callable[[], None] | None = None, tracing: Tracing = NO_TRACING,
     ) -> None:
         self._pacer = pacer
+        self._tracing = tracing
         self._metrics = metrics
         self._prepare = prepare
         self._after_full_pass = after_full_pass
@@ -209,20 +211,22 @@ class Loop:
         dirty = self._inbox.take_dirty()
         self._last_batch_requests = len({i.group for i in intents})
         batch = Batch(calls=Intents.calls(intents), dirty=dirty)
-        try:
-            outcome = await self._committer.commit(batch)
-        except Exception:
-            # commit() turns etcd failures into its outcome: anything else is a bug.
-            self._intents.fail_all(intents, ExporterError(INTERNAL_ERROR))
-            raise
-        except BaseException:
-            self._intents.fail_all(intents, EtcdUnavailable(SHUTTING_DOWN))
-            raise
-        try:
-            # Answered once the mirror holds what committed: the records an answer promises are then the store's.
-            await self._mirror.reached(outcome.revision)
-        finally:
-            self._intents.resolve(intents, outcome)
+        traced = [(i.trace, i.ref) for i in intents] if self._tracing.enabled else []
+        with self._tracing.batch(traced, self._pacer.flushing_roots()):
+            try:
+                outcome = await self._committer.commit(batch)
+            except Exception:
+                # commit() turns etcd failures into its outcome: anything else is a bug.
+                self._intents.fail_all(intents, ExporterError(INTERNAL_ERROR))
+                raise
+            except BaseException:
+                self._intents.fail_all(intents, EtcdUnavailable(SHUTTING_DOWN))
+                raise
+            try:
+                # Answered once the mirror holds what committed: the records an answer promises are then the store's.
+                await self._mirror.reached(outcome.revision)
+            finally:
+                self._intents.resolve(intents, outcome)
         self._inbox.redo(outcome.redo)
         self._last_batch = now()
         if outcome.error is not None:

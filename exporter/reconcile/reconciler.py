@@ -28,6 +28,7 @@ from ..store.observed import Observed
 from ..store.records import Record, RecordStore, Removal
 from ..store.revisions import classify_upsert, removal_record
 from ..supervisor import Supervisor
+from ..tracing.hooks import NO_TRACING, Tracing
 from ..write.ledger import CommitLedger
 from ..write.pacer import Pacer
 from ..write.policies import FollowerRule, PacingRule
@@ -68,6 +69,7 @@ class Collaborators:
     metrics: Metrics | None = None
     # Whether a root's Traefik has not applied the newest commit on it (write/pacer.py); None: never paced.
     behind: Callable[[str], bool] | None = None
+    tracing: Tracing = NO_TRACING
 
 
 class Reconciler:
@@ -98,8 +100,10 @@ class Reconciler:
         self.pacer = Pacer(shared.behind, cadence.pace_hold_max)
         metrics = self.metrics = shared.metrics if shared.metrics is not None else Metrics()
         metrics.paced_ingresses.read_from(lambda: self.pacer.counts({layout.root(ref.authority) for ref in self.store.records}))
+        self._tracing = tracing = shared.tracing
         writer = Writer(
-            etcd, self.ledger, max_ops=limits.max_ops, max_bytes=limits.max_bytes, max_in_flight=limits.max_in_flight, metrics=metrics
+            etcd, self.ledger, max_ops=limits.max_ops, max_bytes=limits.max_bytes, max_in_flight=limits.max_in_flight, metrics=metrics,
+            tracing=tracing,
         )
         self._etcd, self._writer, self._limits = etcd, writer, limits
         self.detected: EtcdLimits | None = None
@@ -114,12 +118,12 @@ class Reconciler:
         committer = Committer(
             planner=planner, observed=self.observed, store=self.store, writer=writer, mirror=self._mirror,
             leader=leader, ejections=self._ejections,
-            policies=[FollowerRule(leader), PacingRule(self.pacer)], metrics=metrics, dry_run=dry_run,
+            policies=[FollowerRule(leader), PacingRule(self.pacer)], metrics=metrics, dry_run=dry_run, tracing=tracing,
         )
         self._loop = Loop(
             inbox=self._inbox, intents=self._intents, mirror=self._mirror, committer=committer, leader=leader,
             status=self.status, cadence=cadence, pacer=self.pacer, metrics=metrics, prepare=self._detect_limits,
-            after_full_pass=self.advice.after_full_pass,
+            after_full_pass=self.advice.after_full_pass, tracing=tracing,
         )
         self._layout = layout
         self._task: asyncio.Task[None] | None = None
@@ -164,7 +168,9 @@ class Reconciler:
         """Check one request, queue it, and wait until all of it is committed (or raise; then nothing was written)."""
         if not self.status.etcd_ok and self.status.synced:
             raise EtcdUnavailable("etcd is unreachable; nothing was written")
-        intents = self._intents.stage(self._checked(upserts, removes))
+        with self._tracing.step("validate ingresses"):
+            changes = self._checked(upserts, removes)
+        intents = self._intents.stage(changes, self._tracing.staged())
         self._inbox.poke()
         await answered(intents)
 

@@ -13,6 +13,7 @@ leaves one access line (method, route, status, duration, ingresses, request id).
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import re
 import secrets
@@ -41,6 +42,7 @@ from ..ingress import RemoveRequest, UpsertRequest, field_errors
 from ..keys import IngressRef
 from ..metrics import Metrics
 from ..store.records import Record, RecordStore, Removal
+from ..tracing.hooks import NO_TRACING, PushSpan, Tracing
 from ..traefik.serving import Serving
 from .auth import Authenticator
 from .files import RecordSink
@@ -132,9 +134,11 @@ class PushApi:
     def __init__(
         self, sink: IngressSink, *, auth: Authenticator, max_body_bytes: int, ready: Callable[[], bool],
         serving: Serving | None = None, refused: Callable[[ExporterError], None] | None = None, metrics: Metrics | None = None,
+        tracing: Tracing = NO_TRACING,
     ) -> None:
-        """`refused`: told of every request answered 400 or 409 (the status page's events)."""
+        """`refused`: told of every request answered 400 or 409 (the status page's events); `tracing`: a span per push."""
         self._sink = sink
+        self._tracing = tracing
         self._refused = refused
         self._auth = auth
         self._max_body_bytes = max_body_bytes
@@ -156,12 +160,18 @@ class PushApi:
         request_id = request_id_of(request)
         started = time.perf_counter()
         counted = _INGRESSES.set(0)
-        with logger.contextualize(request_id=request_id):
-            response = await self._answer(request, handler, request_id)
+        traced = self._tracing.enabled and request.method == "POST"
+        with (
+            logger.contextualize(request_id=request_id),
+            self._tracing.push(request.method, route, request.headers, request_id, request.query.get("wait") == "served")
+            if traced else contextlib.nullcontext(Tracing.NO_SPAN) as span,
+        ):
+            response = await self._answer(request, handler, request_id, span)
             response.headers[REQUEST_ID_HEADER] = request_id
             self._requests.labels(route, str(response.status)).inc()
             if request.method == "POST":
                 ingresses = _INGRESSES.get()
+                span.finish(response.status, ingresses)
                 logger.bind(route=route, status=response.status, ingresses=ingresses).info(
                     "push {} {} {} {:.1f}ms ingresses={} request_id={}", request.method, route, response.status,
                     (time.perf_counter() - started) * 1000, ingresses, request_id,
@@ -169,23 +179,26 @@ class PushApi:
         _INGRESSES.reset(counted)
         return response
 
-    async def _answer(self, request: web.Request, handler: _Handler, request_id: str) -> web.StreamResponse:
+    async def _answer(self, request: web.Request, handler: _Handler, request_id: str, span: PushSpan) -> web.StreamResponse:
         """The handler's response, or the error response of what it raised (never a stack trace)."""
         try:
             self._auth.check(request.headers)
             return await handler(request)
         except ExporterError as exc:
+            span.refused(exc.type_name)
             response = error_response(exc, request_id)
             if self._refused is not None and response.status in (400, 409):
                 self._refused(exc)
             return response
         except web.HTTPException as exc:
+            span.refused(BodyTooLarge.__name__ if exc.status == 413 else type(exc).__name__)
             if exc.status == 413:
                 return error_response(BodyTooLarge(f"request body is larger than {self._max_body_bytes} bytes"), request_id)
             return web.json_response(
                 {"type": type(exc).__name__, "title": exc.reason, "data": {"request_id": request_id}}, status=exc.status
             )
         except Exception:  # noqa: BLE001 - never a stack trace in a body
+            span.refused("InternalError")
             logger.exception("push API {} {} failed", request.method, request.path)
             return web.json_response(
                 {"type": "InternalError", "title": "internal error; see the exporter log", "data": {"request_id": request_id}},
@@ -213,7 +226,8 @@ class PushApi:
     async def upsert(self, request: web.Request) -> web.Response:
         """`POST /v2/ingress/upsert`: 204 once every ingress of the body is committed (`?wait=served`: and served)."""
         waiter = self._waiter(request)
-        body = await read_body(request, UpsertRequest, self._max_body_bytes)
+        with self._tracing.step("validate body"):
+            body = await read_body(request, UpsertRequest, self._max_body_bytes)
         _INGRESSES.set(len(body.ingresses))
         self._check_ready()
         await self._sink.submit([Record.of(ingress) for ingress in body.ingresses])
@@ -224,7 +238,8 @@ class PushApi:
     async def remove(self, request: web.Request) -> web.Response:
         """`POST /v2/ingress/remove`: 204 once every removal is committed (`?wait=served`: and no longer served)."""
         waiter = self._waiter(request)
-        body = await read_body(request, RemoveRequest, self._max_body_bytes)
+        with self._tracing.step("validate body"):
+            body = await read_body(request, RemoveRequest, self._max_body_bytes)
         _INGRESSES.set(len(body.ingresses))
         self._check_ready()
         removals = [Removal(IngressRef(r.authority, r.id), r.revision) for r in body.ingresses]
@@ -248,9 +263,9 @@ class PushApi:
 def push_api_app(
     sink: IngressSink, *, token: str | None, max_body_bytes: int, ready: Callable[[], bool] = lambda: True,
     serving: Serving | None = None, jwt_secret: str | None = None, refused: Callable[[ExporterError], None] | None = None,
-    metrics: Metrics | None = None,
+    metrics: Metrics | None = None, tracing: Tracing = NO_TRACING,
 ) -> web.Application:
     """The aiohttp application of the push API. No token and no JWT secret means unauthenticated (loopback only)."""
     auth = Authenticator(token, jwt_secret)
     return PushApi(sink, auth=auth, max_body_bytes=max_body_bytes, ready=ready, serving=serving, refused=refused,
-                   metrics=metrics).app()
+                   metrics=metrics, tracing=tracing).app()

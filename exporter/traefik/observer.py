@@ -28,6 +28,7 @@ from ..metrics import Metrics, Sample
 from ..store.beacons import BeaconWrite
 from ..store.observed import Observed
 from ..store.records import RecordStore
+from ..tracing.hooks import NO_TRACING, Tracing
 from .api import TraefikApi
 from .diagnosis import Diagnosis, RootConvergence, State
 
@@ -74,10 +75,14 @@ class TraefikObserver:
     def __init__(
         self, api: TraefikApi, layout: KeyLayout, observed: Observed, store: RecordStore, *,
         max_lag: float = 30.0, poll_interval: float = 1.0, on_state: Callable[[str, State, str], None] | None = None,
-        metrics: Metrics | None = None,
+        metrics: Metrics | None = None, tracing: Tracing = NO_TRACING,
     ) -> None:
-        """`on_state` is told of every change of a root's state: (root, new state, a sentence)."""
+        """`on_state` is told of every change of a root's state: (root, new state, a sentence); `tracing`, of every
+        revision seen served."""
         self.api = api
+        self._tracing = tracing
+        # How often Traefik is being checked: what a revision seen served may have waited unseen.
+        self._every = poll_interval
         self._layout = layout
         self._observed = observed
         self._store = store
@@ -110,7 +115,7 @@ class TraefikObserver:
                 now = time.monotonic()
                 every = _WAITED if self._checks.waiters else _FAST if self._behind() else self._poll_interval
                 if now - self._last_poll >= every:
-                    self._last_poll = now
+                    self._last_poll, self._every = now, every
                     await self._poll(now)
                 await asyncio.sleep(_WAITED if self._checks.waiters else _FAST)
         finally:
@@ -177,8 +182,10 @@ class TraefikObserver:
         view.committed_revision = history[-1].revision if history else 0
         if self._unreachable_since is None:
             previous, view.applied_revision = view.applied_revision, _applied_revision(self._shown, view.root, history)
-            if previous and view.applied_revision > previous:
-                _record_apply(view, history, now, self._apply)
+            if view.applied_revision > previous:
+                self._tracing.served(view.root, view.applied_revision, self._every)
+                if previous:
+                    _record_apply(view, history, now, self._apply)
         behind = [w for w in history if w.revision > view.applied_revision]
         behind_since = behind[0].seen_at if behind else None
         view.lag_seconds = now - behind_since if behind_since is not None else 0.0

@@ -84,6 +84,10 @@ class Pacer:
             self._flushing.add(root)
         return out
 
+    def flushing_roots(self) -> frozenset[str]:
+        """The roots whose held keys are being written now."""
+        return frozenset(self._flushing)
+
     def flushed(self) -> None:
         """The batch that wrote what was due is over."""
         self._flushing.clear()

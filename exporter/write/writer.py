@@ -11,6 +11,7 @@ mirror applies it when the watch delivers its revision.
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -20,10 +21,12 @@ from loguru import logger
 from ..errors import EtcdError
 from ..etcd.store import EtcdStore
 from ..etcd.types import Compare, Op
+from ..keys import IngressRef
 from ..metrics import Metrics
 from ..plan import guards
 from ..plan.plan import Change, UnitPlan
 from ..render.root_keys import beacon_value
+from ..tracing.hooks import NO_TRACING, Tracing, TxnRecord
 from .ledger import CommitLedger
 from .packing import Txn, pack
 
@@ -73,10 +76,12 @@ class Writer:
 
     def __init__(
         self, etcd: EtcdStore, ledger: CommitLedger, *, max_ops: int | None = None, max_bytes: int | None = None,
-        max_in_flight: int = 8, metrics: Metrics | None = None,
+        max_in_flight: int = 8, metrics: Metrics | None = None, tracing: Tracing = NO_TRACING,
     ) -> None:
-        """`max_ops`, `max_bytes`: etcd's limits per transaction (unset: etcd's defaults until `set_limits`)."""
+        """`max_ops`, `max_bytes`: etcd's limits per transaction (unset: etcd's defaults until `set_limits`);
+        `tracing` is told of every transaction answered."""
         self._etcd = etcd
+        self._tracing = tracing
         self.ledger = ledger
         self._metrics = metrics or Metrics()
         self._layout = ledger.layout
@@ -133,8 +138,11 @@ class Writer:
             changes = txn.changes + self._beacons(txn)
             answered = asyncio.Event()
             self._flying.add(answered)
+            started = time.time_ns() if self._tracing.enabled else 0
             try:
                 reply = await self._etcd.txn(compares, [Op(c.key, c.new) for c in changes])
+                if started:
+                    self._tracing.txn(_traced(txn, len(changes), started, reply.succeeded, reply.revision))
                 self._record(txn, changes, reply.succeeded, reply.revision)
                 result.answered(reply.succeeded, reply.revision)
             finally:
@@ -193,6 +201,16 @@ class Writer:
             result.committed.append(unit)
         finally:
             self.ledger.ended(unit)
+
+
+def _traced(txn: Txn, operations: int, started: int, succeeded: bool, revision: int) -> TxnRecord:
+    """What tracing is told of one answered transaction: the ingresses it carried, by the root of their keys."""
+    roots: dict[str, list[IngressRef]] = {root: [] for root in txn.roots}
+    for unit in txn.units:
+        if unit.root and unit.owner is not None:
+            roots.setdefault(unit.root, []).append(unit.owner)
+    refs = tuple(dict.fromkeys(u.owner for u in txn.units if u.owner is not None))
+    return TxnRecord(started, time.time_ns(), succeeded, revision, operations, refs, {r: tuple(o) for r, o in roots.items()})
 
 
 async def _after(txn: Txn, done: Mapping[int, asyncio.Event]) -> None:

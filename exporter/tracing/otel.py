@@ -1,0 +1,181 @@
+"""Tracing with OpenTelemetry: the hooks of `tracing/hooks.py` as spans (imported only when `otel.enabled`).
+
+A push is a SERVER span continuing the coordinator's `traceparent`. The spans of its
+validation are made while it runs; those of its wait in the batch, the plans that covered
+it and the transactions that carried it are made once the batch is written, from the times
+the batch recorded (`tracing/batch.py`). Each revision committed under a root becomes a
+`traefik served` span once the observer sees Traefik serve it (`tracing/served.py`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from contextvars import ContextVar
+from typing import Any
+from urllib.parse import urlsplit
+
+from loguru import logger
+from opentelemetry import trace
+from opentelemetry.context import Context
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.trace import Link, SpanKind, Status, StatusCode
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+from ..keys import IngressRef
+from .batch import BatchRecord, Staged
+from .hooks import ClientCall, PushSpan, Tracing, TxnRecord
+from .served import ServedSpans
+
+_PROPAGATOR = TraceContextTextMapPropagator()
+# The push whose handler is running in this task (set by `push`, read when its intents are staged).
+_PUSH: ContextVar[_OtelPush | None] = ContextVar("exporter_push", default=None)
+# The batch being written in this task and the tasks it starts.
+_BATCH: ContextVar[BatchRecord | None] = ContextVar("exporter_batch", default=None)
+
+
+class _OtelPush(PushSpan):
+    def __init__(self, span: trace.Span, waits: bool) -> None:
+        self.span = span
+        self.waits = waits
+        self._error: str | None = None
+
+    def refused(self, error_type: str) -> None:
+        self._error = error_type
+
+    def finish(self, status: int, ingresses: int) -> None:
+        self.span.set_attribute("http.response.status_code", status)
+        self.span.set_attribute("exporter.ingresses", ingresses)
+        if self._error is not None or status >= 500:
+            error = self._error or str(status)
+            self.span.set_attribute("error.type", error)
+            self.span.set_status(Status(StatusCode.ERROR, error))
+
+
+class _OtelCall(ClientCall):
+    def __init__(self, span: trace.Span) -> None:
+        super().__init__()
+        self.span = span
+
+    def answered(self, status: int) -> None:
+        self.span.set_attribute("http.response.status_code", status)
+        if not 200 <= status < 300:
+            self.failed(str(status))
+
+    def failed(self, error_type: str) -> None:
+        self.span.set_attribute("error.type", error_type)
+        self.span.set_status(Status(StatusCode.ERROR, error_type))
+
+
+class OtelTracing(Tracing):
+    """Every hook as OpenTelemetry spans on `provider` (its processor exports them)."""
+
+    enabled = True
+
+    def __init__(self, provider: TracerProvider) -> None:
+        self.provider = provider
+        self._tracer = provider.get_tracer("traefik-etcd-exporter")
+        self._served = ServedSpans(self._tracer)
+
+    @contextlib.contextmanager
+    def push(self, method: str, route: str, headers: Mapping[str, str], request_id: str, waits: bool) -> Iterator[PushSpan]:
+        parent = _PROPAGATOR.extract(headers)
+        span = self._tracer.start_span(
+            f"{method} {route}", parent, kind=SpanKind.SERVER,
+            attributes={"http.request.method": method, "http.route": route, "exporter.request_id": request_id},
+        )
+        handle = _OtelPush(span, waits)
+        token = _PUSH.set(handle if span.is_recording() else None)
+        try:
+            with trace.use_span(span, end_on_exit=True, record_exception=False, set_status_on_exception=False):
+                yield handle
+        finally:
+            _PUSH.reset(token)
+
+    @contextlib.contextmanager
+    def step(self, name: str) -> Iterator[None]:
+        push = _PUSH.get()
+        if push is None:
+            yield
+            return
+        with self._tracer.start_as_current_span(name, trace.set_span_in_context(push.span), record_exception=False,
+                                                set_status_on_exception=False) as span:
+            try:
+                yield
+            except Exception as exc:
+                error = getattr(exc, "type_name", type(exc).__name__)
+                span.set_attribute("error.type", error)
+                span.set_status(Status(StatusCode.ERROR, error))
+                raise
+
+    def staged(self) -> Staged | None:
+        push = _PUSH.get()
+        return Staged(push.span, push.waits, time.time_ns()) if push is not None else None
+
+    @contextlib.contextmanager
+    def batch(self, staged: Sequence[tuple[Any, IngressRef]], paced_roots: frozenset[str]) -> Iterator[None]:
+        record = BatchRecord.of(staged, paced_roots)
+        token = _BATCH.set(record)
+        try:
+            yield
+        finally:
+            _BATCH.reset(token)
+            record.emit(self._tracer)
+
+    def planned(self, started_ns: int, revision: int, refs: Sequence[IngressRef]) -> None:
+        if (record := _BATCH.get()) is not None:
+            record.planned(started_ns, time.time_ns(), revision, refs)
+
+    def txn(self, record: TxnRecord) -> None:
+        batch = _BATCH.get()
+        if batch is not None:
+            batch.txns.append(record)
+        if record.succeeded:
+            self._served.committed(record, batch)
+
+    def served(self, root: str, revision: int, poll_interval: float) -> None:
+        self._served.served(root, revision, poll_interval)
+
+    @contextlib.contextmanager
+    def probe_changed(self, name: str, node: str, started_ns: int, attributes: Mapping[str, str]) -> Iterator[None]:
+        span = self._tracer.start_span(
+            "health probe", Context(), start_time=started_ns,
+            attributes={"exporter.health.target": name, "exporter.health.node": node},
+        )
+        span.add_event("state change", dict(attributes))
+        with trace.use_span(span, end_on_exit=True):
+            yield
+
+    def linked(self) -> Any:
+        context = trace.get_current_span().get_span_context()
+        return context if context.is_valid and context.trace_flags.sampled else None
+
+    @contextlib.contextmanager
+    def notification(self, url: str, events: int, links: Sequence[Any]) -> Iterator[ClientCall]:
+        parts = urlsplit(url)
+        span = self._tracer.start_span(
+            "POST", Context(), kind=SpanKind.CLIENT, links=[Link(context) for context in links],
+            attributes={"http.request.method": "POST", "server.address": parts.hostname or "", "server.port": parts.port or 0,
+                        "exporter.notification.events": events},
+        )
+        call = _OtelCall(span)
+        _PROPAGATOR.inject(call.headers, trace.set_span_in_context(span))
+        with trace.use_span(span, end_on_exit=True, record_exception=False):
+            yield call
+
+    def shutdown(self) -> None:
+        self.provider.shutdown()
+
+
+def add_trace_ids(record: Any) -> None:
+    """A loguru patcher: a line written inside a span carries its `trace_id` and `span_id`."""
+    context = trace.get_current_span().get_span_context()
+    if context.is_valid:
+        record["extra"]["trace_id"] = format(context.trace_id, "032x")
+        record["extra"]["span_id"] = format(context.span_id, "016x")
+
+
+def join_logs() -> None:
+    """Every log line written inside a span names it (the JSON lines' `trace_id`, `span_id`)."""
+    logger.configure(patcher=add_trace_ids)
