@@ -78,18 +78,14 @@ def assemble(settings: Settings, dry_run: bool = False) -> Parts:
     layout = settings.layout()
     metrics = Metrics()
     supervisor = Supervisor(metrics=metrics)
-    identity = default_identity()
     # First: a setting it refuses (the extra missing) stops the daemon before anything starts.
-    tracing = start_tracing(settings.otel, identity)
+    tracing = start_tracing(settings.otel, identity := default_identity())
     etcd = factories.etcd_client(settings)
     inbox, observed, store = Inbox(), Observed(layout), RecordStore()
-    leadership, shared = (
-        _election(settings, etcd, layout, metrics, identity) if settings.leader.enabled and not dry_run else (None, None)
-    )
+    leadership, shared = _election(settings, etcd, layout, metrics, identity) if settings.leader.enabled and not dry_run else (None, None)
     notifier = factories.notifier(settings, leadership or AlwaysLeader(), store.ingress_of, metrics, tracing)
     events = EventRing(forward=notifier)
     if leadership is not None:
-        identity = leadership.identity
         leadership.add_listener(lambda leads: events.add("leadership", f"{identity} {'leads' if leads else 'no longer leads'}"))
     passive = factories.passive(settings, layout, metrics)
     health = HealthEngine(load_kinds(BUILTIN), inbox, concurrency=settings.health.concurrency, shared=shared,
@@ -98,10 +94,8 @@ def assemble(settings: Settings, dry_run: bool = False) -> Parts:
     store.add_listener(health.update)
     edge = factories.edge_policy(settings)
     renderer = factories.renderer_for(settings, layout, edge)
-    observer = factories.observer(
-        settings, layout, observed, store, on_state=lambda root, state, _text: events.add("traefik", f"{state} on {root}"),
-        metrics=metrics, tracing=tracing,
-    )
+    observer = factories.observer(settings, layout, observed, store, on_state=lambda root, state, _text: events.add(
+        "traefik", f"{state} on {root}"), metrics=metrics, tracing=tracing)
     reconciler = factories.build_reconciler(
         settings, etcd, dry_run=dry_run, layout=layout, renderer=renderer,
         shared=Collaborators(

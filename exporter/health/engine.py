@@ -61,11 +61,9 @@ class HealthEngine:
         """`shared`: set on every exporter sharing a root (followers read the leader's states from it);
         `rendered_urls`: the server URLs an ingress's load balancers hold in etcd right now;
         `passive`: passive health, whose ejections add to the probes'; `transitions`: told of every
-        routed / not routed change of a node (the leader's notifications); `supervisor`: runs the
-        probe tasks (a crash is logged, counted and restarted); `metrics`: where probes are counted;
-        `tracing`: a span of each probe that changed a node's state."""
-        self.kinds = kinds
-        self._tracing = tracing
+        routed / not routed change of a node (the leader's notifications); `supervisor`: runs the probe tasks (a crash
+        is logged, counted and restarted); `metrics`: where probes are counted; `tracing`: a span per probe that changed a state."""
+        self.kinds, self._tracing = kinds, tracing
         self._replan = replan
         self._clock = clock
         self._metrics = metrics or Metrics()
@@ -208,9 +206,7 @@ class HealthEngine:
 
     async def _run(self, owner: IngressRef, name: str) -> None:
         def changed(node: str, health: NodeHealth, outcome: str, started_ns: int) -> None:
-            change = {"exporter.ingress": str(owner), "exporter.health.state": health.state.value,
-                      "exporter.health.routed": str(health.routed).lower(), "exporter.health.outcome": outcome}
-            with self._tracing.probe_changed(name, node, started_ns, change):
+            with self._tracing.probe_changed(name, node, started_ns, _change(owner, health, outcome)):
                 logger.info("health: {} {} is now {} ({})", name, node, health.state.value, outcome)
                 if self.passive is None or node not in self.passive.ejected(owner):
                     self.routing_changed(owner, node, health.routed, f"active: {outcome}")
@@ -244,3 +240,9 @@ class HealthEngine:
         checked = set(self._checked) | (self.passive.owners() if self.passive else set())
         owners = [owner] if owner is not None else sorted(checked)
         return [entry for o in owners for entry in report.entries(o, self._checked.get(o, {}), self.passive)]
+
+
+def _change(owner: IngressRef, health: NodeHealth, outcome: str) -> dict[str, str]:
+    """A node's change of state, as the event on its probe's span."""
+    return {"exporter.ingress": str(owner), "exporter.health.state": health.state.value,
+            "exporter.health.routed": str(health.routed).lower(), "exporter.health.outcome": outcome}

@@ -36,7 +36,6 @@ from ..plan.planner import Planner
 from ..roles import Ejections, LeaderPolicy
 from ..store.observed import Observed
 from ..store.records import Record, RecordStore
-from ..tracing.hooks import NO_TRACING, Tracing
 from ..write.policies import WritePolicy
 from ..write.writer import ApplyResult, Writer
 from .intents import NOT_WRITTEN, Outcome
@@ -80,10 +79,8 @@ class Committer:
         policies: Sequence[WritePolicy],
         metrics: Metrics,
         dry_run: bool = False,
-        tracing: Tracing = NO_TRACING,
     ) -> None:
         self._planner = planner
-        self._tracing = tracing
         self._policies = policies
         self._metrics = metrics
         self._observed = observed
@@ -198,13 +195,12 @@ class Committer:
         self, chunk: list[IngressRef], requested: Mapping[IngressRef, int], calls: Calls, outcome: Outcome, *, include_roots: bool
     ) -> tuple[Plan, dict[IngressRef, int]]:
         """The plan of `chunk`, and the request group of each requested ingress in it (render errors fail theirs)."""
-        started = time.time_ns() if self._tracing.enabled else 0
+        started = time.time_ns()
         # Judged in the same step as the plan: nothing the watch brings can come in between.
         chunk, records = self._judge.judge(chunk, requested, calls, outcome)
         view = {r: record for r in chunk if (record := records.get(r) or self._store.latest(r)) is not None}
         plan = self._planner.plan(view, self._observed, chunk, self._ejections, include_roots=include_roots)
-        if started:
-            self._tracing.planned(started, plan.revision, chunk)
+        self._writer.tracing.planned(started, plan.revision, chunk)
         groups = {}
         for ref in chunk:
             error = self._planner.errors.get(ref)

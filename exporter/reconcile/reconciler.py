@@ -100,11 +100,8 @@ class Reconciler:
         self.pacer = Pacer(shared.behind, cadence.pace_hold_max)
         metrics = self.metrics = shared.metrics if shared.metrics is not None else Metrics()
         metrics.paced_ingresses.read_from(lambda: self.pacer.counts({layout.root(ref.authority) for ref in self.store.records}))
-        self._tracing = tracing = shared.tracing
-        writer = Writer(
-            etcd, self.ledger, max_ops=limits.max_ops, max_bytes=limits.max_bytes, max_in_flight=limits.max_in_flight, metrics=metrics,
-            tracing=tracing,
-        )
+        writer = Writer(etcd, self.ledger, max_ops=limits.max_ops, max_bytes=limits.max_bytes, max_in_flight=limits.max_in_flight,
+                        metrics=metrics, tracing=shared.tracing)
         self._etcd, self._writer, self._limits = etcd, writer, limits
         self.detected: EtcdLimits | None = None
         self.advice = Advice(layout, self.store, self.observed, lambda: self.detected)
@@ -118,12 +115,12 @@ class Reconciler:
         committer = Committer(
             planner=planner, observed=self.observed, store=self.store, writer=writer, mirror=self._mirror,
             leader=leader, ejections=self._ejections,
-            policies=[FollowerRule(leader), PacingRule(self.pacer)], metrics=metrics, dry_run=dry_run, tracing=tracing,
+            policies=[FollowerRule(leader), PacingRule(self.pacer)], metrics=metrics, dry_run=dry_run,
         )
         self._loop = Loop(
             inbox=self._inbox, intents=self._intents, mirror=self._mirror, committer=committer, leader=leader,
             status=self.status, cadence=cadence, pacer=self.pacer, metrics=metrics, prepare=self._detect_limits,
-            after_full_pass=self.advice.after_full_pass, tracing=tracing,
+            after_full_pass=self.advice.after_full_pass, tracing=shared.tracing,
         )
         self._layout = layout
         self._task: asyncio.Task[None] | None = None
@@ -168,9 +165,9 @@ class Reconciler:
         """Check one request, queue it, and wait until all of it is committed (or raise; then nothing was written)."""
         if not self.status.etcd_ok and self.status.synced:
             raise EtcdUnavailable("etcd is unreachable; nothing was written")
-        with self._tracing.step("validate ingresses"):
+        with self._writer.tracing.step("validate ingresses"):
             changes = self._checked(upserts, removes)
-        intents = self._intents.stage(changes, self._tracing.staged())
+        intents = self._intents.stage(changes, self._writer.tracing.staged())
         self._inbox.poke()
         await answered(intents)
 

@@ -77,12 +77,9 @@ class TraefikObserver:
         max_lag: float = 30.0, poll_interval: float = 1.0, on_state: Callable[[str, State, str], None] | None = None,
         metrics: Metrics | None = None, tracing: Tracing = NO_TRACING,
     ) -> None:
-        """`on_state` is told of every change of a root's state: (root, new state, a sentence); `tracing`, of every
-        revision seen served."""
+        """`on_state` is told of every change of a root's state: (root, new state, a sentence); `tracing`, of what is served."""
         self.api = api
-        self._tracing = tracing
-        # How often Traefik is being checked: what a revision seen served may have waited unseen.
-        self._every = poll_interval
+        self._tracing, self._every = tracing, poll_interval  # how often Traefik is checked now: how late a check may see a change
         self._layout = layout
         self._observed = observed
         self._store = store
@@ -183,9 +180,7 @@ class TraefikObserver:
         if self._unreachable_since is None:
             previous, view.applied_revision = view.applied_revision, _applied_revision(self._shown, view.root, history)
             if view.applied_revision > previous:
-                self._tracing.served(view.root, view.applied_revision, self._every)
-                if previous:
-                    _record_apply(view, history, now, self._apply)
+                _applied(view, history, now, previous, self._apply, self._tracing, self._every)
         behind = [w for w in history if w.revision > view.applied_revision]
         behind_since = behind[0].seen_at if behind else None
         view.lag_seconds = now - behind_since if behind_since is not None else 0.0
@@ -276,9 +271,15 @@ class TraefikObserver:
         return reasons
 
 
-def _record_apply(view: RootConvergence, history: list[BeaconWrite], now: float, apply: Histogram) -> None:
-    """Seen applied at this poll: its apply time is from when the commit was seen to now
-    (to within a poll: 50 ms while behind, 10 ms while a request waits)."""
+def _applied(
+    view: RootConvergence, history: list[BeaconWrite], now: float, previous: int, apply: Histogram, tracing: Tracing, every: float
+) -> None:
+    """Seen applied at this poll, checking every `every` s: tracing is told; its apply time, from when the commit
+    was seen to now, is observed (to within a poll: 50 ms while behind, 10 ms while a request waits), but for
+    the first revision seen applied."""
+    tracing.served(view.root, view.applied_revision, every)
+    if not previous:
+        return
     write = next((w for w in reversed(history) if w.revision == view.applied_revision), None)
     if write is not None:
         view.applies.append(max(0.0, now - write.seen_at))

@@ -81,7 +81,7 @@ class Writer:
         """`max_ops`, `max_bytes`: etcd's limits per transaction (unset: etcd's defaults until `set_limits`);
         `tracing` is told of every transaction answered."""
         self._etcd = etcd
-        self._tracing = tracing
+        self.tracing = tracing
         self.ledger = ledger
         self._metrics = metrics or Metrics()
         self._layout = ledger.layout
@@ -138,11 +138,11 @@ class Writer:
             changes = txn.changes + self._beacons(txn)
             answered = asyncio.Event()
             self._flying.add(answered)
-            started = time.time_ns() if self._tracing.enabled else 0
+            started = time.time_ns() if self.tracing.enabled else 0
             try:
                 reply = await self._etcd.txn(compares, [Op(c.key, c.new) for c in changes])
                 if started:
-                    self._tracing.txn(_traced(txn, len(changes), started, reply.succeeded, reply.revision))
+                    self.tracing.txn(_traced(txn, len(changes), started, reply.succeeded, reply.revision))
                 self._record(txn, changes, reply.succeeded, reply.revision)
                 result.answered(reply.succeeded, reply.revision)
             finally:
