@@ -20,6 +20,7 @@ from typing import Any
 import aiohttp
 import pytest
 import yaml
+from aiohttp import web
 from loguru import logger
 
 from exporter.daemon import Daemon
@@ -27,7 +28,7 @@ from exporter.embedded import EmbeddedEtcd, EmbeddedTraefik, free_port
 from exporter.etcd.client import EtcdClient
 from exporter.keys import IngressRef
 from tests.conftest import API_TOKEN, settings_for
-from tests.helpers import AUTHORITY, Backend, eventually, start_daemon, stop_daemon, traefik_object, uid
+from tests.helpers import AUTHORITY, Backend, eventually, serve_all_paths, start_daemon, stop_daemon, traefik_object, uid
 from tests.otlp_receiver import ReceivedSpan, Receiver, receiver_for
 
 pytestmark = pytest.mark.integration
@@ -268,3 +269,60 @@ def test_enabled_without_the_extra_refuses_to_start_naming_it(tmp_path: Path, et
                           env={**os.environ})
     assert done.returncode == 1
     assert "traefik-etcd-exporter[otel]" in done.stderr and "otel.enabled" in done.stderr
+
+
+async def test_a_probe_that_ejects_a_server_is_a_span_and_its_notification_carries_traceparent(
+    quick_export: None, etcd: EmbeddedEtcd, http: aiohttp.ClientSession, backends: list[Backend],
+) -> None:
+    notified: list[tuple[str, list[dict[str, Any]]]] = []
+
+    async def coordinator(request: web.Request) -> web.Response:
+        notified.append((request.headers.get("traceparent", ""), (await request.json())["events"]))
+        return web.Response(status=204)
+
+    port = free_port()
+    runner = await serve_all_paths(port, coordinator)
+    backend = await Backend("probed").start()
+    backends.append(backend)
+    iid = uid("hp")
+    async with receiver_for("grpc") as receiver:
+        daemon = Daemon(settings_for(
+            etcd.url, records_prefix=f"{uid('otelh')}/records", root_key=f"{uid('otelh')}/worker_{{authority}}",
+            api={"listen": f"127.0.0.1:{free_port()}", "token": API_TOKEN}, control={"listen": f"127.0.0.1:{free_port()}"},
+            health={"notify_url": f"http://127.0.0.1:{port}/events"},
+            otel={"enabled": True, "endpoint": receiver.endpoint},
+        ))
+        await daemon.start()
+        try:
+            await daemon.parts.reconciler.wait_synced(30)
+            body = _body(iid, backend.url)
+            body["ingresses"][0]["health_check"] = {"enable": True, "interval": 0.2, "max_retries": 1, "max_wait_time": 0.5,
+                                                    "initial_delay": 0}
+            assert await Traced(daemon, receiver, http).push("upsert", body, {}) == 204
+            # A new server is routed once a probe succeeds; then it dies.
+            await eventually(lambda: holds([e for _tp, batch in notified for e in batch if e["id"] == iid and e["to"] == "routed"]))
+            await backend.stop()
+            sent = await eventually(lambda: holds(
+                [(tp, e) for tp, batch in notified for e in batch if e["id"] == iid and e["to"] == "not_routed"]), timeout=20)
+            traceparent = sent[0][0]
+            _version, trace_id, span_id, _flags = traceparent.split("-")
+            spans = await eventually(lambda: holds(receiver.of_trace(trace_id)), timeout=20)
+            probes = await eventually(lambda: holds(receiver.where(
+                lambda s: s.name == "health probe" and s.attributes["exporter.health.node"] == backend.url
+                and s.events[0][1]["exporter.health.routed"] == "false")), timeout=20)
+        finally:
+            await daemon.stop()
+            await runner.cleanup()
+    call = next(s for s in spans if s.span_id == span_id)
+    assert call.kind == CLIENT and call.name == "POST" and call.attributes["http.response.status_code"] == 204
+    assert call.attributes["server.port"] == port and call.attributes["exporter.notification.events"] >= 1
+    probe = probes[0]
+    (event, change), = probe.events
+    assert event == "state change" and change["exporter.ingress"] == f"{AUTHORITY}/{iid}" and change["exporter.health.routed"] == "false"
+    assert (probe.trace_id, probe.span_id) in call.links
+    assert probe.start_ns <= probe.end_ns <= call.start_ns
+
+
+async def holds(items: list[Any]) -> list[Any] | None:
+    """`items` once there are some."""
+    return items or None
