@@ -107,6 +107,7 @@ def observer(
     if t.api_url is None:
         return None
     api = TraefikApi(t.api_url, username=t.username, password=settings.secret("traefik.password"), metrics=metrics)
+    tracing.expect_served()
     return TraefikObserver(
         api, layout, observed, store, max_lag=t.max_lag, poll_interval=t.poll_interval, on_state=on_state, metrics=metrics,
         tracing=tracing,

@@ -89,6 +89,9 @@ class Tracing:
     def txn(self, record: TxnRecord) -> None:
         """A transaction was answered."""
 
+    def expect_served(self) -> None:
+        """An observer will tell what Traefik serves (without one, commits are not kept waiting for it)."""
+
     def served(self, root: str, revision: int, poll_interval: float) -> None:
         """The observer saw Traefik serve `root` at `revision`, checking every `poll_interval` s."""
 

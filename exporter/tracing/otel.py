@@ -10,6 +10,7 @@ the batch recorded (`tracing/batch.py`). Each revision committed under a root be
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextvars import ContextVar
@@ -77,6 +78,10 @@ class OtelTracing(Tracing):
         self.provider = provider
         self._tracer = provider.get_tracer("traefik-etcd-exporter")
         self._served = ServedSpans(self._tracer)
+        self._observed = False
+
+    def expect_served(self) -> None:
+        self._observed = True
 
     @contextlib.contextmanager
     def push(self, method: str, route: str, headers: Mapping[str, str], request_id: str, waits: bool) -> Iterator[PushSpan]:
@@ -131,7 +136,7 @@ class OtelTracing(Tracing):
         batch = _BATCH.get()
         if batch is not None:
             batch.txns.append(record)
-        if record.succeeded:
+        if record.succeeded and self._observed:
             self._served.committed(record, batch)
 
     def served(self, root: str, revision: int, poll_interval: float) -> None:
@@ -176,6 +181,19 @@ def add_trace_ids(record: Any) -> None:
         record["extra"]["span_id"] = format(context.span_id, "016x")
 
 
+class _ToLoguru(logging.Handler):
+    """The SDK's own messages (an export that failed, spans dropped) as the daemon's log lines."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        level = record.levelname if record.levelname in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL") else "WARNING"
+        logger.log(level, "tracing: {}", record.getMessage())
+
+
 def join_logs() -> None:
-    """Every log line written inside a span names it (the JSON lines' `trace_id`, `span_id`)."""
+    """Every log line written inside a span names it (the JSON lines' `trace_id`, `span_id`), and the SDK
+    logs through the daemon's logger."""
     logger.configure(patcher=add_trace_ids)
+    sdk = logging.getLogger("opentelemetry")
+    if not any(isinstance(h, _ToLoguru) for h in sdk.handlers):
+        sdk.addHandler(_ToLoguru())
+    sdk.propagate = False
