@@ -22,11 +22,15 @@
    a server that batches pushes alike and does only part of the exporter's work (only parsing
    the body; validating it into its record; also rendering and diffing it), against both bare
    writers: what the 50 clients could reach on this machine if the rest of the exporter cost nothing.
+   `--only tracing`: the same slices, alternated, with the daemon exporting traces (`otel`) over OTLP/gRPC
+   to a sink in this process at `sample_ratio` 1.0 and 0.01, against tracing disabled: the daemon's CPU per
+   push of each, as a ratio to disabled in the same run (target at 1.0: <= 1.15x). `--against DIR` adds the
+   disabled daemon of another checkout (the tree before tracing): no measurable change is the target.
 3. Push-to-served: 1,000 new ingresses pushed by 10 closed-loop clients, one per request and 100
    per request, until Traefik routes all (targets 3 s and 1.5 s), with the etcd revisions used and
    the CPU seconds of Traefik and of the daemon in the same run.
 
-Usage: .venv/bin/python -m bench.push_api [--ingresses 10000] [--runs 3] [--only latency|throughput|floor|served] [--against DIR]
+Usage: .venv/bin/python -m bench.push_api [--ingresses 10000] [--runs 3] [--only latency|throughput|floor|served|tracing] [--against DIR]
        [--log-level LEVEL] [--against-log-level LEVEL]
 """
 
@@ -39,7 +43,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
@@ -388,6 +392,61 @@ async def floor(runs: int) -> None:
               f"CPU per request etcd {us(bares, lambda r: r.etcd_cpu)} us, clients {us(bares, lambda r: r.clients_cpu)} us")
 
 
+@contextlib.asynccontextmanager
+async def otlp_sink() -> AsyncIterator[tuple[str, list[int]]]:
+    """An OTLP/gRPC receiver that answers every export without decoding it: its endpoint, and [exports, bytes] so far."""
+    counts = [0, 0]
+
+    async def export(request: bytes, _context: grpc.aio.ServicerContext[bytes, bytes]) -> bytes:
+        counts[0] += 1
+        counts[1] += len(request)
+        return b""  # an empty ExportTraceServiceResponse
+
+    port = free_port()
+    server = grpc.aio.server()
+    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(
+        "opentelemetry.proto.collector.trace.v1.TraceService", {"Export": grpc.unary_unary_rpc_method_handler(export)}),))
+    server.add_insecure_port(f"127.0.0.1:{port}")
+    await server.start()
+    try:
+        yield f"http://127.0.0.1:{port}", counts
+    finally:
+        await server.stop(None)
+
+
+def traced(endpoint: str, ratio: float, log_level: str) -> Server:
+    """Starts the daemon exporting its spans to `endpoint`, keeping `ratio` of new traces."""
+
+    def start(etcd_url: str, work: Path) -> tuple[subprocess.Popen[bytes], str, str]:
+        return start_daemon(etcd_url, work, EXPORTER_LOG__LEVEL=log_level, EXPORTER_OTEL__ENABLED="true",
+                            EXPORTER_OTEL__ENDPOINT=endpoint, EXPORTER_OTEL__SAMPLE_RATIO=str(ratio))
+
+    return start
+
+
+async def report_tracing(runs: int, against: Path | None, log_level: str) -> None:
+    """The daemon's CPU per push with tracing at 1.0 and 0.01 against disabled (and the checkout `against`), same slices."""
+    async with otlp_sink() as (endpoint, counts):
+        servers = {"disabled": checkout(None, log_level), "1.0": traced(endpoint, 1.0, log_level),
+                   "0.01": traced(endpoint, 0.01, log_level)}
+        if against is not None:
+            servers[f"{against} (disabled)"] = checkout(against, log_level)
+        results: list[list[Throughput]] = []
+        for _ in range(runs):
+            sides, _bare = await throughput(servers=tuple(servers.values()))
+            results.append(sides)
+            base = sides[0].daemon_cpu / sides[0].requests
+            each = zip(servers, sides, strict=True)
+            print("  run: " + "; ".join(f"{name} {side.rate:.0f}/s, daemon {side.daemon_cpu / side.requests * 1e6:.0f} us per push "
+                                        f"({side.daemon_cpu / side.requests / base:.2f}x)" for name, side in each), flush=True)
+        print(f"50 clients, one ingress per push, 1,000 in place; {counts[0]} exports ({counts[1] / 1e6:.1f} MB) reached the sink")
+        for k, name in enumerate(servers):
+            ratios = [run[k].daemon_cpu / run[k].requests / (run[0].daemon_cpu / run[0].requests) for run in results]
+            print(f"  {name}: daemon CPU per push {median([r[k].daemon_cpu / r[k].requests for r in results]) * 1e6:.0f} us, "
+                  f"{median(ratios):.2f}x disabled (runs {_runs(ratios)}); {median([r[k].rate for r in results]):.0f} pushes/s"
+                  + (" (target <= 1.15x)" if name == "1.0" else ""))
+
+
 def _runs(ratios: list[float]) -> str:
     return ", ".join(f"{r:.2f}" for r in ratios)
 
@@ -446,8 +505,8 @@ async def push_to_served(n: int = 1000, clients: int = 10, per_request: int = 1)
 async def main() -> None:
     parser = arguments(__doc__, runs=3)
     parser.add_argument("--ingresses", type=int, default=10_000)
-    parser.add_argument("--only", choices=["latency", "throughput", "floor", "served"], help="run one part only")
-    parser.add_argument("--against", type=Path, help="throughput: also the daemon of this checkout, in the same slices")
+    parser.add_argument("--only", choices=["latency", "throughput", "floor", "served", "tracing"], help="run one part only")
+    parser.add_argument("--against", type=Path, help="throughput, tracing: also the daemon of this checkout, in the same slices")
     parser.add_argument("--log-level", default="WARNING",
                         help="throughput: the daemon's log.level (default WARNING; the daemon's own default is INFO)")
     parser.add_argument("--against-log-level", help="throughput: the log.level of the --against daemon (default: --log-level)")
@@ -467,6 +526,8 @@ async def main() -> None:
         await report_throughput(args.runs, args.against, args.log_level, args.against_log_level or args.log_level)
     if args.only == "floor":
         await floor(args.runs)
+    if args.only == "tracing":
+        await report_tracing(args.runs, args.against, args.log_level)
 
     for per_request, target in ((1, 3.0), (100, 1.5)) if args.only in (None, "served") else ():
         runs = [await push_to_served(per_request=per_request) for _ in range(args.runs)]
