@@ -411,7 +411,7 @@ async def otlp_sink() -> AsyncIterator[tuple[str, list[int]]]:
     try:
         yield f"http://127.0.0.1:{port}", counts
     finally:
-        await server.stop(None)
+        await server.stop(1)
 
 
 def traced(endpoint: str, ratio: float, log_level: str) -> Server:
@@ -438,7 +438,8 @@ async def report_tracing(runs: int, against: Path | None, log_level: str) -> Non
             base = sides[0].daemon_cpu / sides[0].requests
             each = zip(servers, sides, strict=True)
             print("  run: " + "; ".join(f"{name} {side.rate:.0f}/s, daemon {side.daemon_cpu / side.requests * 1e6:.0f} us per push "
-                                        f"({side.daemon_cpu / side.requests / base:.2f}x)" for name, side in each), flush=True)
+                                        f"({side.daemon_cpu / side.requests / base:.2f}x; main thread "
+                                        f"{side.main_busy / side.rate * 1e6:.0f} us)" for name, side in each), flush=True)
         print(f"50 clients, one ingress per push, 1,000 in place; {counts[0]} exports ({counts[1] / 1e6:.1f} MB) reached the sink")
         for k, name in enumerate(servers):
             ratios = [run[k].daemon_cpu / run[k].requests / (run[0].daemon_cpu / run[0].requests) for run in results]

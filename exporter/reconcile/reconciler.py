@@ -165,9 +165,7 @@ class Reconciler:
         """Check one request, queue it, and wait until all of it is committed (or raise; then nothing was written)."""
         if not self.status.etcd_ok and self.status.synced:
             raise EtcdUnavailable("etcd is unreachable; nothing was written")
-        with self._writer.tracing.step("validate ingresses"):
-            changes = self._checked(upserts, removes)
-        intents = self._intents.stage(changes, self._writer.tracing.staged())
+        intents = self._intents.stage(self._checked(upserts, removes), self._writer.tracing.staged())
         self._inbox.poke()
         await answered(intents)
 

@@ -226,8 +226,7 @@ class PushApi:
     async def upsert(self, request: web.Request) -> web.Response:
         """`POST /v2/ingress/upsert`: 204 once every ingress of the body is committed (`?wait=served`: and served)."""
         waiter = self._waiter(request)
-        with self._tracing.step("validate body"):
-            body = await read_body(request, UpsertRequest, self._max_body_bytes)
+        body = await read_body(request, UpsertRequest, self._max_body_bytes)
         _INGRESSES.set(len(body.ingresses))
         self._check_ready()
         await self._sink.submit([Record.of(ingress) for ingress in body.ingresses])
@@ -238,8 +237,7 @@ class PushApi:
     async def remove(self, request: web.Request) -> web.Response:
         """`POST /v2/ingress/remove`: 204 once every removal is committed (`?wait=served`: and no longer served)."""
         waiter = self._waiter(request)
-        with self._tracing.step("validate body"):
-            body = await read_body(request, RemoveRequest, self._max_body_bytes)
+        body = await read_body(request, RemoveRequest, self._max_body_bytes)
         _INGRESSES.set(len(body.ingresses))
         self._check_ready()
         removals = [Removal(IngressRef(r.authority, r.id), r.revision) for r in body.ingresses]

@@ -14,8 +14,10 @@ from typing import Any
 
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind
+from opentelemetry.util.types import AttributeValue
 
 from ..keys import IngressRef
+from .finished import FinishedSpans
 from .hooks import TxnRecord
 
 
@@ -70,16 +72,16 @@ class BatchRecord:
                 out[id(push)] = push
         return list(out.values())
 
-    def emit(self, tracer: trace.Tracer) -> None:
+    def emit(self, spans: FinishedSpans) -> None:
         """Each push's wait in the batch, and a child span of every plan and transaction that covered it."""
         if not self.pushes:
             return
         for push in {id(p): p for pushes in self.pushes.values() for p in pushes}.values():
-            _span(tracer, push, "batch wait", push.at_ns, self.taken_ns, {})
+            spans.child(push.span, "batch wait", push.at_ns, self.taken_ns)
         for plan in self.plans:
+            attributes: dict[str, AttributeValue] = {"exporter.mirror.revision": plan.revision, "exporter.ingresses": len(plan.refs)}
             for push in self.carried(plan.refs):
-                _span(tracer, push, "plan", plan.started_ns, plan.ended_ns,
-                      {"exporter.mirror.revision": plan.revision, "exporter.ingresses": len(plan.refs)})
+                spans.child(push.span, "plan", plan.started_ns, plan.ended_ns, attributes)
         for txn in self.txns:
             attributes = {
                 "db.system.name": "etcd", "db.operation.name": "Txn", "exporter.revision": txn.revision,
@@ -87,12 +89,4 @@ class BatchRecord:
                 "exporter.ingresses": len(txn.refs),
             }
             for push in self.carried(txn.refs):
-                _span(tracer, push, "etcd Txn", txn.started_ns, txn.ended_ns, attributes, SpanKind.CLIENT)
-
-
-def _span(
-    tracer: trace.Tracer, push: Staged, name: str, start: int, end: int, attributes: dict[str, Any],
-    kind: SpanKind = SpanKind.INTERNAL,
-) -> None:
-    span = tracer.start_span(name, trace.set_span_in_context(push.span), kind=kind, attributes=attributes, start_time=start)
-    span.end(end_time=end)
+                spans.child(push.span, "etcd Txn", txn.started_ns, txn.ended_ns, attributes, kind=SpanKind.CLIENT)

@@ -68,13 +68,8 @@ class Tracing:
         """The SERVER span of one push, current while the handler runs (continuing the caller's `traceparent`)."""
         yield self.NO_SPAN
 
-    @contextlib.contextmanager
-    def step(self, name: str) -> Iterator[None]:
-        """A child span of the current push (validation): an exception ends it with an error status."""
-        yield
-
     def staged(self) -> Any:
-        """What the batch needs to know of the current push, taken when its intents are queued (None: no push span)."""
+        """The current push was checked and its intents are queued: what the batch needs to know of it (None: untraced)."""
         return None
 
     @contextlib.contextmanager

@@ -1,9 +1,10 @@
 """Tracing with OpenTelemetry: the hooks of `tracing/hooks.py` as spans (imported only when `otel.enabled`).
 
-A push is a SERVER span continuing the coordinator's `traceparent`. The spans of its
-validation are made while it runs; those of its wait in the batch, the plans that covered
-it and the transactions that carried it are made once the batch is written, from the times
-the batch recorded (`tracing/batch.py`). Each revision committed under a root becomes a
+A push is a SERVER span continuing the coordinator's `traceparent`. Its steps are recorded
+as they happen and made as finished spans (`tracing/finished.py`): its validation (from the
+request's arrival to its intents being queued, or to its refusal) at once, its wait in the
+batch, the plans that covered it and the transactions that carried it once the batch is
+written (`tracing/batch.py`). Each revision committed under a root becomes a
 `traefik served` span once the observer sees Traefik serve it (`tracing/served.py`).
 """
 
@@ -20,12 +21,13 @@ from urllib.parse import urlsplit
 from loguru import logger
 from opentelemetry import trace
 from opentelemetry.context import Context
-from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 from opentelemetry.trace import Link, SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 from ..keys import IngressRef
 from .batch import BatchRecord, Staged
+from .finished import FinishedSpans
 from .hooks import ClientCall, PushSpan, Tracing, TxnRecord
 from .served import ServedSpans
 
@@ -37,13 +39,25 @@ _BATCH: ContextVar[BatchRecord | None] = ContextVar("exporter_batch", default=No
 
 
 class _OtelPush(PushSpan):
-    def __init__(self, span: trace.Span, waits: bool) -> None:
+    def __init__(self, span: trace.Span, waits: bool, spans: FinishedSpans) -> None:
         self.span = span
         self.waits = waits
+        self._spans = spans
         self._error: str | None = None
+        self.arrived_ns = time.time_ns()
+        self.validated = False
+
+    def validate(self, error: str | None = None) -> int:
+        """The validation span, once: from the push's arrival to now; returns now."""
+        now = time.time_ns()
+        if not self.validated:
+            self.validated = True
+            self._spans.child(self.span, "validate", self.arrived_ns, now, {"error.type": error} if error else None, error=error)
+        return now
 
     def refused(self, error_type: str) -> None:
         self._error = error_type
+        self.validate(error_type)
 
     def finish(self, status: int, ingresses: int) -> None:
         self.span.set_attribute("http.response.status_code", status)
@@ -74,9 +88,11 @@ class OtelTracing(Tracing):
 
     enabled = True
 
-    def __init__(self, provider: TracerProvider) -> None:
+    def __init__(self, provider: TracerProvider, processor: SpanProcessor) -> None:
+        """`processor`: the one `provider` exports with (finished spans go to it directly)."""
         self.provider = provider
         self._tracer = provider.get_tracer("traefik-etcd-exporter")
+        self._spans = FinishedSpans(provider, processor)
         self._served = ServedSpans(self._tracer)
         self._observed = False
 
@@ -90,7 +106,7 @@ class OtelTracing(Tracing):
             f"{method} {route}", parent, kind=SpanKind.SERVER,
             attributes={"http.request.method": method, "http.route": route, "exporter.request_id": request_id},
         )
-        handle = _OtelPush(span, waits)
+        handle = _OtelPush(span, waits, self._spans)
         token = _PUSH.set(handle if span.is_recording() else None)
         try:
             with trace.use_span(span, end_on_exit=True, record_exception=False, set_status_on_exception=False):
@@ -98,25 +114,9 @@ class OtelTracing(Tracing):
         finally:
             _PUSH.reset(token)
 
-    @contextlib.contextmanager
-    def step(self, name: str) -> Iterator[None]:
-        push = _PUSH.get()
-        if push is None:
-            yield
-            return
-        with self._tracer.start_as_current_span(name, trace.set_span_in_context(push.span), record_exception=False,
-                                                set_status_on_exception=False) as span:
-            try:
-                yield
-            except Exception as exc:
-                error = getattr(exc, "type_name", type(exc).__name__)
-                span.set_attribute("error.type", error)
-                span.set_status(Status(StatusCode.ERROR, error))
-                raise
-
     def staged(self) -> Staged | None:
         push = _PUSH.get()
-        return Staged(push.span, push.waits, time.time_ns()) if push is not None else None
+        return Staged(push.span, push.waits, push.validate()) if push is not None else None
 
     @contextlib.contextmanager
     def batch(self, staged: Sequence[tuple[Any, IngressRef]], paced_roots: frozenset[str]) -> Iterator[None]:
@@ -126,7 +126,7 @@ class OtelTracing(Tracing):
             yield
         finally:
             _BATCH.reset(token)
-            record.emit(self._tracer)
+            record.emit(self._spans)
 
     def planned(self, started_ns: int, revision: int, refs: Sequence[IngressRef]) -> None:
         if (record := _BATCH.get()) is not None:

@@ -85,13 +85,14 @@ def start_tracing(settings: OtelSettings, instance_id: str) -> Tracing:
     if "service_name" in settings.model_fields_set or str(resource.attributes.get("service.name", "")).startswith("unknown_service"):
         resource = resource.merge(Resource({"service.name": settings.service_name}))
     provider = TracerProvider(resource=resource, sampler=ParentBased(TraceIdRatioBased(settings.sample_ratio)))
-    provider.add_span_processor(BatchSpanProcessor(
+    processor = BatchSpanProcessor(
         _exporter(settings), max_queue_size=settings.max_queue_size, max_export_batch_size=settings.max_export_batch_size,
-    ))
+    )
+    provider.add_span_processor(processor)
     otel.join_logs()
     logger.info("tracing: spans go to {} over {} (sampling {:g} of new traces)", endpoint_of(settings), settings.protocol,
                 settings.sample_ratio)
-    tracing: Tracing = otel.OtelTracing(provider)
+    tracing: Tracing = otel.OtelTracing(provider, processor)
     return tracing
 
 

@@ -130,7 +130,7 @@ async def test_a_push_is_traced_from_its_traceparent_to_traefik_serving_it(
         logger.remove(sink)
         stop.set()
         await traced.push("remove", {"ingresses": [{"authority": AUTHORITY, "id": iid, "revision": 1}]}, {})
-    spans = await traced.spans_of(trace_id, "POST /v2/ingress/upsert", "validate body", "validate ingresses", "batch wait",
+    spans = await traced.spans_of(trace_id, "POST /v2/ingress/upsert", "validate", "batch wait",
                                   "plan", "etcd Txn", "traefik served")
     by_name = {s.name: s for s in spans}
     server = by_name["POST /v2/ingress/upsert"]
@@ -141,7 +141,7 @@ async def test_a_push_is_traced_from_its_traceparent_to_traefik_serving_it(
     }
     assert server.resource["service.name"] == "exporter-under-test"
     assert server.resource["service.instance.id"] and server.resource["service.version"]
-    for name in ("validate body", "validate ingresses", "batch wait", "plan", "etcd Txn", "traefik served"):
+    for name in ("validate", "batch wait", "plan", "etcd Txn", "traefik served"):
         assert by_name[name].parent_span_id == server.span_id, name
     # The transaction that carried the record committed at the revision etcd holds it at.
     txns = [s for s in spans if s.name == "etcd Txn" and s.attributes["exporter.txn.succeeded"]]
@@ -168,11 +168,11 @@ async def test_a_refused_push_ends_its_span_with_the_error_type(traced: Traced) 
     trace_id, parent, traceparent = _traceparent()
     body = {"ingresses": [{"authority": AUTHORITY, "id": uid("bad"), "revision": 1, "hosts": ["not a host"]}]}
     assert await traced.push("upsert", body, {"traceparent": traceparent}) == 400
-    spans = await traced.spans_of(trace_id, "POST /v2/ingress/upsert", "validate body")
+    spans = await traced.spans_of(trace_id, "POST /v2/ingress/upsert", "validate")
     server = next(s for s in spans if s.name == "POST /v2/ingress/upsert")
     assert server.parent_span_id == parent and server.error and server.status_message == "ValidationFailed"
     assert server.attributes["http.response.status_code"] == 400 and server.attributes["error.type"] == "ValidationFailed"
-    validate = next(s for s in spans if s.name == "validate body")
+    validate = next(s for s in spans if s.name == "validate")
     assert validate.error and validate.parent_span_id == server.span_id
     assert {s.name for s in spans}.isdisjoint({"batch wait", "etcd Txn"})
     # Never a body, a token or a header in an attribute.

@@ -28,8 +28,9 @@ ROOT = "traefik/worker_w"
 def spans() -> Iterator[tuple[OtelTracing, InMemorySpanExporter]]:
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    tracing = OtelTracing(provider)
+    processor = SimpleSpanProcessor(exporter)
+    provider.add_span_processor(processor)
+    tracing = OtelTracing(provider, processor)
     tracing.expect_served()
     yield tracing, exporter
     provider.shutdown()
@@ -110,7 +111,7 @@ def test_a_waiting_push_is_the_parent_and_held_keys_carry_their_push_to_the_late
 def test_without_an_observer_no_commit_waits_and_the_pending_are_bounded(
     spans: tuple[OtelTracing, InMemorySpanExporter], monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    unobserved = OtelTracing(spans[0].provider)
+    unobserved = OtelTracing(spans[0].provider, SimpleSpanProcessor(InMemorySpanExporter()))
     unobserved.txn(_txn(5, A))
     assert unobserved._served._pending == {}
     tracing, exporter = spans
@@ -122,16 +123,22 @@ def test_without_an_observer_no_commit_waits_and_the_pending_are_bounded(
     assert [s.attributes["exporter.revision"] for s in _named(exporter, "traefik served") if s.attributes] == [8, 9, 10]
 
 
-def test_a_refused_step_and_push_end_with_the_error_type(spans: tuple[OtelTracing, InMemorySpanExporter]) -> None:
+def test_validation_ends_at_staging_or_at_a_refusal_with_the_error_type(spans: tuple[OtelTracing, InMemorySpanExporter]) -> None:
     tracing, exporter = spans
     with tracing.push("POST", "/v2/ingress/remove", {"traceparent": "00-" + "ab" * 16 + "-" + "cd" * 8 + "-01"}, "r", False) as push:
-        with pytest.raises(ConfigError), tracing.step("validate body"):
-            raise ConfigError("bad")
-        push.refused("ConfigError")
+        push.refused("ValidationFailed")
         push.finish(400, 0)
-    step, server = exporter.get_finished_spans()
-    assert step.status.description == "ConfigError" and server.status.description == "ConfigError"
+    validate, server = exporter.get_finished_spans()
+    assert validate.name == "validate" and validate.status.description == "ValidationFailed"
+    assert validate.attributes == {"error.type": "ValidationFailed"} and validate.parent is not None
+    assert validate.parent.span_id == server.context.span_id and validate.context.trace_id == server.context.trace_id
+    assert server.status.description == "ValidationFailed" and server.attributes is not None
+    assert server.attributes["error.type"] == "ValidationFailed" and server.attributes["http.response.status_code"] == 400
     assert server.parent is not None and server.parent.span_id == int("cd" * 8, 16) and server.context.trace_id == int("ab" * 16, 16)
+    exporter.clear()
+    staged = _push(tracing)
+    validate, _server = exporter.get_finished_spans()
+    assert validate.name == "validate" and validate.status.is_ok and validate.end_time == getattr(staged, "at_ns", None)
 
 
 def test_the_disabled_hooks_record_nothing() -> None:
@@ -172,5 +179,4 @@ def test_only_the_tracing_package_imports_opentelemetry_and_its_setup_only_when_
                 node, ast.ImportFrom) else []
             if any(n.startswith("opentelemetry") for n in names):
                 importers.add(str(path.relative_to(REPO)))
-    assert importers == {"exporter/tracing/otel.py", "exporter/tracing/batch.py", "exporter/tracing/served.py",
-                         "exporter/tracing/setup.py"}
+    assert importers == {f"exporter/tracing/{name}.py" for name in ("otel", "batch", "served", "finished", "setup")}
