@@ -25,7 +25,7 @@ from .hooks import TxnRecord
 class Staged:
     """A push as its intents were queued: its span, whether it waits to be served, when it was queued."""
 
-    span: trace.Span
+    span: trace.SpanContext
     waits: bool
     at_ns: int
 

@@ -22,8 +22,9 @@ from loguru import logger
 from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
-from opentelemetry.trace import Link, SpanKind, Status, StatusCode
+from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+from opentelemetry.util.types import AttributeValue
 
 from ..keys import IngressRef
 from .batch import BatchRecord, Staged
@@ -39,11 +40,16 @@ _BATCH: ContextVar[BatchRecord | None] = ContextVar("exporter_batch", default=No
 
 
 class _OtelPush(PushSpan):
-    def __init__(self, span: trace.Span, waits: bool, spans: FinishedSpans) -> None:
+    """A sampled push: its context, current while it runs; the span itself is made when it ends."""
+
+    def __init__(self, span: SpanContext, parent: SpanContext, waits: bool, spans: FinishedSpans,
+                 attributes: dict[str, AttributeValue]) -> None:
         self.span = span
+        self.parent = parent
         self.waits = waits
         self._spans = spans
-        self._error: str | None = None
+        self.attributes = attributes
+        self.error: str | None = None
         self.arrived_ns = time.time_ns()
         self.validated = False
 
@@ -56,16 +62,15 @@ class _OtelPush(PushSpan):
         return now
 
     def refused(self, error_type: str) -> None:
-        self._error = error_type
+        self.error = error_type
         self.validate(error_type)
 
     def finish(self, status: int, ingresses: int) -> None:
-        self.span.set_attribute("http.response.status_code", status)
-        self.span.set_attribute("exporter.ingresses", ingresses)
-        if self._error is not None or status >= 500:
-            error = self._error or str(status)
-            self.span.set_attribute("error.type", error)
-            self.span.set_status(Status(StatusCode.ERROR, error))
+        self.attributes["http.response.status_code"] = status
+        self.attributes["exporter.ingresses"] = ingresses
+        if self.error is not None or status >= 500:
+            self.error = self.error or str(status)
+            self.attributes["error.type"] = self.error
 
 
 class _OtelCall(ClientCall):
@@ -102,17 +107,21 @@ class OtelTracing(Tracing):
     @contextlib.contextmanager
     def push(self, method: str, route: str, headers: Mapping[str, str], request_id: str, waits: bool) -> Iterator[PushSpan]:
         parent = _PROPAGATOR.extract(headers)
-        span = self._tracer.start_span(
-            f"{method} {route}", parent, kind=SpanKind.SERVER,
-            attributes={"http.request.method": method, "http.route": route, "exporter.request_id": request_id},
-        )
-        handle = _OtelPush(span, waits, self._spans)
-        token = _PUSH.set(handle if span.is_recording() else None)
+        name = f"{method} {route}"
+        attributes: dict[str, AttributeValue] = {"http.request.method": method, "http.route": route, "exporter.request_id": request_id}
+        context = self._spans.sampled(parent, name, SpanKind.SERVER, attributes)
+        if context is None:
+            yield self.NO_SPAN
+            return
+        handle = _OtelPush(context, trace.get_current_span(parent).get_span_context(), waits, self._spans, attributes)
+        token = _PUSH.set(handle)
         try:
-            with trace.use_span(span, end_on_exit=True, record_exception=False, set_status_on_exception=False):
+            with trace.use_span(trace.NonRecordingSpan(context), end_on_exit=False):
                 yield handle
         finally:
             _PUSH.reset(token)
+            self._spans.span(context, handle.parent, name, handle.arrived_ns, time.time_ns(), handle.attributes, kind=SpanKind.SERVER,
+                             error=handle.error)
 
     def staged(self) -> Staged | None:
         push = _PUSH.get()

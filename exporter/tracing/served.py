@@ -82,10 +82,10 @@ class ServedSpans:
             "exporter.ingresses": len(names), "exporter.ingress_names": names[:_NAMED],
             "exporter.observer.poll_interval_s": poll_interval,
         }
-        links = [Link(push.span.get_span_context()) for push in commit.pushes]
-        parents: list[trace.Span | None] = [push.span for push in commit.pushes if push.waits] or [None]
+        links = [Link(push.span) for push in commit.pushes]
+        parents: list[trace.SpanContext | None] = [push.span for push in commit.pushes if push.waits] or [None]
         for parent in parents:
-            context = trace.set_span_in_context(parent) if parent is not None else Context()
+            context = trace.set_span_in_context(trace.NonRecordingSpan(parent)) if parent is not None else Context()
             span = self._tracer.start_span("traefik served", context, links=links, attributes=attributes, start_time=commit.at_ns)
             span.end(end_time=at_ns)
 
