@@ -33,6 +33,8 @@ from .hooks import ClientCall, PushSpan, Tracing, TxnRecord
 from .served import ServedSpans
 
 _PROPAGATOR = TraceContextTextMapPropagator()
+# Seconds between two log lines of the same SDK message.
+_QUIET = 10.0
 # The push whose handler is running in this task (set by `push`, read when its intents are staged).
 _PUSH: ContextVar[_OtelPush | None] = ContextVar("exporter_push", default=None)
 # The batch being written in this task and the tasks it starts.
@@ -191,11 +193,22 @@ def add_trace_ids(record: Any) -> None:
 
 
 class _ToLoguru(logging.Handler):
-    """The SDK's own messages (an export that failed, spans dropped) as the daemon's log lines."""
+    """The SDK's own messages (an export that failed, spans dropped) as the daemon's log lines; the same
+    message at most once per `_QUIET` seconds (a full queue warns for every span it drops)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._last: dict[str, tuple[float, int]] = {}
 
     def emit(self, record: logging.LogRecord) -> None:
+        text, now = record.getMessage(), time.monotonic()
+        last, quiet = self._last.get(text, (-_QUIET, 0))
+        if now - last < _QUIET:
+            self._last[text] = (last, quiet + 1)
+            return
+        self._last[text] = (now, 0)
         level = record.levelname if record.levelname in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL") else "WARNING"
-        logger.log(level, "tracing: {}", record.getMessage())
+        logger.log(level, "tracing: {}{}", text, f" ({quiet} more like it in {_QUIET:.0f}s)" if quiet else "")
 
 
 def join_logs() -> None:

@@ -180,3 +180,21 @@ def test_only_the_tracing_package_imports_opentelemetry_and_its_setup_only_when_
             if any(n.startswith("opentelemetry") for n in names):
                 importers.add(str(path.relative_to(REPO)))
     assert importers == {f"exporter/tracing/{name}.py" for name in ("otel", "batch", "served", "finished", "setup")}
+
+
+def test_the_sdk_logs_through_the_daemons_logger_once_per_ten_seconds_per_message() -> None:
+    import logging
+
+    from loguru import logger
+
+    from exporter.tracing.otel import join_logs
+
+    join_logs()
+    lines: list[str] = []
+    sink = logger.add(lines.append, format="{message}")
+    try:
+        for _ in range(5):
+            logging.getLogger("opentelemetry.sdk._shared_internal").warning("Queue full, dropping %s.", "Span")
+    finally:
+        logger.remove(sink)
+    assert [line.strip() for line in lines] == ["tracing: Queue full, dropping Span."]
