@@ -54,8 +54,11 @@ class ServedSpans:
         if batch is not None:
             keyed = {ref for refs in txn.roots.values() for ref in refs}
             for ref in txn.refs:
-                if ref not in keyed and (carried := batch.carried([ref])) and len(self._held) < MAX_PENDING:
+                if ref not in keyed and (carried := batch.carried([ref])):
+                    self._held.pop(ref, None)
                     self._held[ref] = tuple(carried)
+                    if len(self._held) > MAX_PENDING:  # the oldest goes (its keys were never written: it was removed)
+                        del self._held[next(iter(self._held))]
         for root, refs in txn.roots.items():
             pushes = tuple(batch.carried(refs)) if batch is not None else ()
             if self._held:
