@@ -206,6 +206,8 @@ class _ToLoguru(logging.Handler):
         if now - last < _QUIET:
             self._last[text] = (last, quiet + 1)
             return
+        if len(self._last) > 256:  # messages vary (a retry's delay): keep only the recent ones
+            self._last = {m: seen for m, seen in self._last.items() if now - seen[0] < _QUIET}
         self._last[text] = (now, 0)
         level = record.levelname if record.levelname in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL") else "WARNING"
         logger.log(level, "tracing: {}{}", text, f" ({quiet} more like it in {_QUIET:.0f}s)" if quiet else "")

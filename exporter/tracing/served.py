@@ -68,7 +68,15 @@ class ServedSpans:
             if self._seen.get(root, 0) >= txn.revision:
                 self._emit(root, commit, time.time_ns(), 0.0)
                 continue
-            self._pending.setdefault(root, deque(maxlen=MAX_PENDING)).append(commit)
+            pending = self._pending.setdefault(root, deque(maxlen=MAX_PENDING))
+            # Replies of transactions in flight together may come out of order: kept in revision order.
+            at = len(pending)
+            while at and pending[at - 1].revision > commit.revision:
+                at -= 1
+            if at == len(pending):
+                pending.append(commit)
+            elif len(pending) < MAX_PENDING:
+                pending.insert(at, commit)
 
     def served(self, root: str, revision: int, poll_interval: float) -> None:
         """Traefik serves `root` at `revision`: every commit up to it was served by now."""

@@ -198,3 +198,11 @@ def test_the_sdk_logs_through_the_daemons_logger_once_per_ten_seconds_per_messag
     finally:
         logger.remove(sink)
     assert [line.strip() for line in lines] == ["tracing: Queue full, dropping Span."]
+
+
+def test_commits_answered_out_of_order_are_served_in_revision_order(spans: tuple[OtelTracing, InMemorySpanExporter]) -> None:
+    tracing, exporter = spans
+    for revision in (5, 7, 6):
+        tracing.txn(_txn(revision, A))
+    tracing.served(ROOT, 6, 0.05)
+    assert [s.attributes["exporter.revision"] for s in _named(exporter, "traefik served") if s.attributes] == [5, 6]
