@@ -76,7 +76,7 @@ class BatchRecord:
         """Each push's wait in the batch, and a child span of every plan and transaction that covered it."""
         if not self.pushes:
             return
-        for push in {id(p): p for pushes in self.pushes.values() for p in pushes}.values():
+        for push in self.carried(list(self.pushes)):
             spans.child(push.span, "batch wait", push.at_ns, self.taken_ns)
         for plan in self.plans:
             attributes: dict[str, AttributeValue] = {"exporter.mirror.revision": plan.revision, "exporter.ingresses": len(plan.refs)}

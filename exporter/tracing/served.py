@@ -10,8 +10,8 @@ is that late at most, and says so.
 
 from __future__ import annotations
 
+import bisect
 import time
-from collections import deque
 from dataclasses import dataclass
 
 from opentelemetry import trace
@@ -43,7 +43,7 @@ class ServedSpans:
 
     def __init__(self, tracer: trace.Tracer) -> None:
         self._tracer = tracer
-        self._pending: dict[str, deque[_Commit]] = {}
+        self._pending: dict[str, list[_Commit]] = {}  # in revision order
         self._seen: dict[str, int] = {}
         # Pushes whose records committed while their keys were held (write/pacer.py): the commit
         # that writes the keys later, in another batch, carries their changes.
@@ -68,23 +68,20 @@ class ServedSpans:
             if self._seen.get(root, 0) >= txn.revision:
                 self._emit(root, commit, time.time_ns(), 0.0)
                 continue
-            pending = self._pending.setdefault(root, deque(maxlen=MAX_PENDING))
+            pending = self._pending.setdefault(root, [])
             # Replies of transactions in flight together may come out of order: kept in revision order.
-            at = len(pending)
-            while at and pending[at - 1].revision > commit.revision:
-                at -= 1
-            if at == len(pending):
-                pending.append(commit)
-            elif len(pending) < MAX_PENDING:
-                pending.insert(at, commit)
+            bisect.insort(pending, commit, key=_revision)
+            if len(pending) > MAX_PENDING:
+                del pending[0]
 
     def served(self, root: str, revision: int, poll_interval: float) -> None:
         """Traefik serves `root` at `revision`: every commit up to it was served by now."""
         self._seen[root] = max(self._seen.get(root, 0), revision)
-        pending = self._pending.get(root)
-        now = time.time_ns()
-        while pending and pending[0].revision <= revision:
-            self._emit(root, pending.popleft(), now, poll_interval)
+        pending = self._pending.get(root, [])
+        now, cut = time.time_ns(), bisect.bisect_right(pending, revision, key=_revision)
+        for commit in pending[:cut]:
+            self._emit(root, commit, now, poll_interval)
+        del pending[:cut]
 
     def _emit(self, root: str, commit: _Commit, at_ns: int, poll_interval: float) -> None:
         names = sorted(str(ref) for ref in commit.refs)
@@ -100,3 +97,7 @@ class ServedSpans:
             span = self._tracer.start_span("traefik served", context, links=links, attributes=attributes, start_time=commit.at_ns)
             span.end(end_time=at_ns)
 
+
+
+def _revision(commit: _Commit) -> int:
+    return commit.revision

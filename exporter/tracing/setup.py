@@ -25,11 +25,6 @@ if TYPE_CHECKING:
 
 EXTRA = "traefik-etcd-exporter[otel]"
 _HEADER_NAME = re.compile(r"^[A-Za-z0-9!#$%&'*+.^_`|~-]+\Z")
-# What the exporters need beside the SDK, per protocol.
-_EXPORTERS = {
-    "grpc": "opentelemetry.exporter.otlp.proto.grpc.trace_exporter",
-    "http/protobuf": "opentelemetry.exporter.otlp.proto.http.trace_exporter",
-}
 
 
 def read_headers(path: Path) -> dict[str, str]:
@@ -70,7 +65,7 @@ def start_tracing(settings: OtelSettings, instance_id: str) -> Tracing:
     if not settings.enabled:
         return NO_TRACING
     try:
-        importlib.import_module(_EXPORTERS[settings.protocol])
+        exporter = _exporter(settings)
         otel = importlib.import_module("exporter.tracing.otel")
         from opentelemetry.sdk.resources import Resource
         from opentelemetry.sdk.trace import TracerProvider
@@ -86,7 +81,7 @@ def start_tracing(settings: OtelSettings, instance_id: str) -> Tracing:
         resource = resource.merge(Resource({"service.name": settings.service_name}))
     provider = TracerProvider(resource=resource, sampler=ParentBased(TraceIdRatioBased(settings.sample_ratio)))
     processor = BatchSpanProcessor(
-        _exporter(settings), max_queue_size=settings.max_queue_size, max_export_batch_size=settings.max_export_batch_size,
+        exporter, max_queue_size=settings.max_queue_size, max_export_batch_size=settings.max_export_batch_size,
     )
     provider.add_span_processor(processor)
     otel.join_logs()
@@ -97,6 +92,7 @@ def start_tracing(settings: OtelSettings, instance_id: str) -> Tracing:
 
 
 def _exporter(settings: OtelSettings) -> SpanExporter:
+    """The OTLP exporter of the protocol (an ImportError without the extra)."""
     headers = read_headers(settings.headers_file) if settings.headers_file is not None else {}
     endpoint = endpoint_of(settings)
     if settings.protocol == "grpc":
