@@ -12,7 +12,7 @@ everything the leader writes on its own (repair, reconcile, health) is fenced by
 election key too, and a follower writes only what requests ask for.
 
 What is written now is decided by the write policies (write/policies.py), applied to every
-plan at one seam: a follower writes only what requests ask for; while a root's Traefik is
+plan at one seam (reconcile/apply.py, which writes each plan): a follower writes only what requests ask for; while a root's Traefik is
 behind (write/pacer.py) a request commits its records alone and the keys of every ingress on
 that root are held, and the leader writes what is held once the root is due, all of it together.
 """
@@ -30,23 +30,21 @@ from loguru import logger
 from ..errors import EtcdError, EtcdUnavailable
 from ..keys import IngressRef
 from ..metrics import Metrics
-from ..plan.format import format_plan
 from ..plan.plan import Plan, UnitPlan
 from ..plan.planner import Planner
 from ..roles import Ejections, LeaderPolicy
 from ..store.observed import Observed
 from ..store.records import Record, RecordStore
 from ..write.policies import WritePolicy
-from ..write.writer import ApplyResult, Writer
-from .intents import NOT_WRITTEN, Outcome
+from ..write.writer import Writer
+from .apply import PlanWriter
+from .intents import Outcome
 from .judge import Calls, Judge
 from .mirror import Mirror
 
 _MAX_CONFLICT_RETRIES = 8
 # Ingresses planned per step of a large batch; later steps are planned while earlier ones commit.
 _PIPELINE_CHUNK = 256
-# Changes logged per unit that no request asked for (repair, health, reconcile).
-_LOGGED_CHANGES = 20
 
 
 @dataclass
@@ -82,7 +80,7 @@ class Committer:
     ) -> None:
         self._planner = planner
         self._policies = policies
-        self._metrics = metrics
+        self._plans = PlanWriter(writer=writer, leader=leader, policies=policies, metrics=metrics, dry_run=dry_run)
         self._observed = observed
         self._store = store
         self._writer = writer
@@ -91,8 +89,6 @@ class Committer:
         self._leader = leader
         self._ejections = ejections
         self._judge = Judge(store)
-        self._dry_run = dry_run
-        self._last_dry_run = ""
 
     async def commit(self, batch: Batch) -> Outcome:
         """Write `batch`, re-planning what lost a compare; requests come first, then (leader only) the dirty."""
@@ -113,7 +109,7 @@ class Committer:
             return
         plan = self._planner.plan_orphans(roots, self._observed)
         try:
-            await self._apply(plan, {}, {}, outcome)
+            await self._plans.apply(plan, {}, {}, outcome)
         except EtcdError as exc:
             outcome.error = exc
 
@@ -153,7 +149,7 @@ class Committer:
         skipped = skip()
         plan.units = [u for u in plan.units if u.owner not in skipped]
         if not plan.empty:
-            await self._apply(plan, {}, {u.owner: "reconcile" for u in plan.units if u.owner}, outcome)
+            await self._plans.apply(plan, {}, {u.owner: "reconcile" for u in plan.units if u.owner}, outcome)
         return plan, outcome
 
     async def _plan_and_apply(
@@ -179,7 +175,7 @@ class Committer:
             for start in range(0, len(wave), step):
                 plan, groups = self._plan_step(wave[start : start + step], requested, batch.calls, outcome, include_roots=first)
                 first = False
-                applying.append(asyncio.create_task(self._apply(plan, groups, batch.dirty, outcome)))
+                applying.append(asyncio.create_task(self._plans.apply(plan, groups, batch.dirty, outcome)))
                 await asyncio.sleep(0)  # let replies of transactions in flight be handled
         results = await asyncio.gather(*applying, return_exceptions=True)
         conflicted: list[UnitPlan] = []
@@ -210,60 +206,6 @@ class Committer:
                 groups[ref] = requested[ref]
         return plan, groups
 
-    async def _apply(
-        self, plan: Plan, groups: Mapping[IngressRef, int], reasons: Mapping[IngressRef, str], outcome: Outcome
-    ) -> tuple[list[UnitPlan], int]:
-        """Write `plan`, recording what committed in `outcome`; returns the units that lost a compare and
-        the revision etcd evaluated those compares at."""
-        for policy in self._policies:
-            plan.units = policy.split(plan.units, groups, reasons).now
-        self._metrics.plan_changes.observe(len(plan.changes()))
-        planned = {u.owner for u in plan.units}
-        # Requested ingresses that need no change are as desired already.
-        outcome.done.update(ref for ref in groups if ref not in planned)
-        if plan.empty:
-            return [], 0
-        log_unrequested(self._metrics, plan.units, groups, reasons)
-        if self._dry_run:
-            self._log_dry_run(plan)
-            outcome.done.update(groups)
-            return [], 0
-        result = await self._write(plan.units, groups)
-        self._record(result, groups, reasons, outcome)
-        return result.conflicted, result.conflict_revision
-
-    async def _write(self, units: list[UnitPlan], groups: Mapping[IngressRef, int]) -> ApplyResult:
-        pushed, own, shared = route(units, groups)
-        applies = [self._writer.apply(pushed, shared=shared)]
-        if own:
-            applies.append(self._writer.apply(own, self._leader.fence(), shared=shared))
-        result, *more = await asyncio.gather(*applies)
-        for other in more:
-            result.merge(other)
-        return result
-
-    def _record(
-        self, result: ApplyResult, groups: Mapping[IngressRef, int], reasons: Mapping[IngressRef, str], outcome: Outcome
-    ) -> None:
-        for policy in self._policies:
-            policy.committed(result.committed)
-        outcome.revision = max(outcome.revision, result.revision)
-        outcome.done.update(unit.owner for unit in result.committed if unit.owner is not None and unit.owner in groups)
-        if result.error is None:
-            return
-        for ref in {u.owner for u in result.failed if u.owner is not None}:
-            if ref in groups:
-                outcome.failed[ref] = EtcdUnavailable(NOT_WRITTEN)
-            else:
-                outcome.redo[ref] = reasons.get(ref, "retry")
-        outcome.error = result.error
-
-    def _log_dry_run(self, plan: Plan) -> None:
-        text = format_plan(plan)
-        if text != self._last_dry_run:
-            logger.info("dry-run: would apply (planned against etcd at revision {})\n{}", plan.revision, text.rstrip())
-            self._last_dry_run = text
-
 
 def retried(conflicted: Sequence[UnitPlan], requested: Mapping[IngressRef, int], calls: Calls, *, leading: bool) -> list[IngressRef]:
     """What to plan again: open requests; and, for the leader, other ingresses (not requests a peer answered)."""
@@ -274,42 +216,6 @@ def retried(conflicted: Sequence[UnitPlan], requested: Mapping[IngressRef, int],
 def deposed(leader: LeaderPolicy, leading: bool) -> bool:
     """True when this exporter led when it wrote (`leading`) and leads no more (its fence failed)."""
     return leading and not leader.is_leader()
-
-
-def log_unrequested(metrics: Metrics, units: list[UnitPlan], groups: Mapping[IngressRef, int], reasons: Mapping[IngressRef, str]) -> None:
-    """Log the changes no request asked for (repair, health, reconcile), counting drift repairs."""
-    for unit in units:
-        if unit.owner in groups:
-            continue
-        reason = reasons.get(unit.owner) if unit.owner else "shared" if unit.shared else "reconcile"
-        if reason is None or reason == "request":  # held keys of a request: logged as requests are, by their txn
-            continue
-        if reason == "drift":
-            metrics.drift_repairs.inc(len(unit.changes))
-        for change in unit.changes[:_LOGGED_CHANGES]:
-            logger.info("{}: {} {}", reason, change.sign, change.key)
-
-
-def route(
-    units: list[UnitPlan], groups: Mapping[IngressRef, int]
-) -> tuple[list[list[UnitPlan]], list[list[UnitPlan]], dict[str, UnitPlan]]:
-    """Which units go with the requests (one group per request), which are the leader's own (fenced, one
-    group each), and the shared objects they may need (each apply writes one with its first transaction that needs it)."""
-    first = min(groups.values(), default=-1)
-    pushed: dict[int, list[UnitPlan]] = {}
-    own: list[list[UnitPlan]] = []
-    shared: dict[str, UnitPlan] = {}
-    for unit in units:
-        if unit.shared and not unit.standalone:
-            shared[unit.shared] = unit
-        elif unit.owner is not None and unit.owner in groups:
-            pushed.setdefault(groups[unit.owner], []).append(unit)
-        elif unit.owner is None and not unit.shared and first >= 0:
-            # A root's own keys ride with the first request (create-only: no fence needed).
-            pushed.setdefault(first, []).append(unit)
-        else:
-            own.append([unit])
-    return list(pushed.values()), own, shared
 
 
 def orphaned_roots(observed: Observed, store: RecordStore) -> list[str]:
