@@ -26,8 +26,10 @@ def _settings(args: argparse.Namespace) -> Settings:
 
 
 def _file_records(settings: Settings, extra: list[str]) -> list[Record]:
-    from .sources.files import expand, load_ingress_file
+    from .sources.files import expand, load_ingress_file, unmatched
 
+    for warning in unmatched(settings.sources.files + extra):
+        print(f"WARNING: {warning}", file=sys.stderr)
     records: dict[IngressRef, Record] = {}
     for path in expand(settings.sources.files + extra):
         for record in load_ingress_file(path, settings.sources.max_file_bytes):

@@ -90,8 +90,8 @@ def _welcome(
 ) -> str:
     """What the first run prints: the status page first, then how to try it."""
     return (
-        f"\nStatus page: http://{settings.control.listen}/\n\n"
-        f"Traefik routes {HOST} through keys the exporter wrote. Try:\n\n"
+        f"Status page: http://{settings.control.listen}/\n\n"
+        f"Traefik routes {HOST} through keys the exporter writes (within a few seconds). Try:\n\n"
         f"  curl -H 'Host: {HOST}' {web_url}/\n\n"
         f"Take a backend down (its health check fails; its row on the status page turns red within\n"
         f"a few seconds and Traefik stops sending it traffic), then bring it back:\n\n"
@@ -100,16 +100,22 @@ def _welcome(
         f"Edit {ingress_file} (raise `revision`) and it is applied live.\n"
         f"Push API: http://{settings.api.listen}/v2/ingress   Traefik API: {traefik_api}/api/http/routers\n"
         f"control: http://{settings.control.listen}/readyz   /v1/convergence   /v1/healthcheck   /v1/events\n"
-        f"etcd: {etcd_url}   logs: {workdir}\nCtrl-C stops everything.\n"
+        f"etcd: {etcd_url}   logs: {workdir}\nCtrl-C stops everything. The exporter's log follows.\n"
     )
 
 
 async def run_embedded(config: Path | None) -> int:
-    """Run the demo until Ctrl-C; returns the exit code."""
+    """Run the demo until Ctrl-C; returns the exit code.
+
+    The banner comes before the daemon's first log line, so it is what a newcomer sees first, in a
+    terminal and in a pipe; the per-key lines of the daemon's own writes stay out of the demo's log
+    (its transaction lines say what was written: docs/cli.md).
+    """
     workdir = Path(tempfile.mkdtemp(prefix="traefik-etcd-exporter-"))
+    print(f"Starting etcd, Traefik and two example backends (logs in {workdir}) ...", flush=True)
     etcd = start_etcd(workdir, RECOMMENDED_ETCD_FLAGS)
     settings = load_settings(config)
-    setup_logging(settings.log)
+    setup_logging(settings.log, key_changes=False)
     root = settings.layout().root(AUTHORITY)
     traefik = start_traefik(workdir, etcd.url, root, settings.default_entrypoints)
     runners = []
@@ -130,12 +136,14 @@ async def run_embedded(config: Path | None) -> int:
         settings.api.listen = f"127.0.0.1:{free_port()}"
         settings.api.allow_unauthenticated_loopback = settings.secret("api.token") is None
         settings.traefik.api_url = traefik.api
+        web_url = traefik.url(settings.default_entrypoints[0])
+        print(_welcome(settings, web_url, demo, ingress_dir / "demo.yaml", traefik.api, etcd.url, workdir), flush=True)
         daemon = Daemon(settings)
         await daemon.start()
-        web_url = traefik.url(settings.default_entrypoints[0])
-        if not await _wait_routed(web_url, HOST, time.monotonic() + 30):
+        if await _wait_routed(web_url, HOST, time.monotonic() + 30):
+            logger.info("Traefik routes {} through the keys the exporter wrote: the demo is ready", HOST)
+        else:
             logger.error("Traefik did not route {} in 30 s; logs in {}", HOST, workdir)
-        print(_welcome(settings, web_url, demo, ingress_dir / "demo.yaml", traefik.api, etcd.url, workdir), flush=True)
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, daemon.stop_event.set)

@@ -37,14 +37,26 @@ def _json_sink(message: Any) -> None:
     sys.stderr.write(text)
 
 
-def setup_logging(settings: LogSettings) -> None:
-    """Replace loguru's default sink with the configured one on stderr."""
+def _without_key_changes(record: Any) -> bool:
+    return "changed_key" not in record["extra"]
+
+
+def setup_logging(settings: LogSettings, *, key_changes: bool = True) -> None:
+    """Replace loguru's default sink with the configured one on stderr.
+
+    `key_changes` False leaves out the per-key lines of the exporter's own writes (each bound with
+    `changed_key`) unless the level is DEBUG: the first run's log, where the transaction lines suffice.
+    """
     logger.remove()
+    # No filter at all unless one is asked for: it would run on every record.
+    keep = None if key_changes or settings.level.upper() == "DEBUG" else _without_key_changes
+
     as_json = settings.format == "json" or (settings.format == "auto" and not sys.stderr.isatty())
     if as_json:
         # The sink builds its line from the record: "{message}" spares loguru formatting a
         # default line (time, level, caller) for every record that is never written.
-        logger.add(_json_sink, level=settings.level.upper(), format="{message}", backtrace=False, diagnose=False)
+        logger.add(_json_sink, level=settings.level.upper(), format="{message}", backtrace=False, diagnose=False,
+                   filter=keep)
     else:
         logger.add(
             sys.stderr,
@@ -52,4 +64,5 @@ def setup_logging(settings: LogSettings) -> None:
             format="<green>{time:HH:mm:ss.SSS}</green> <level>{level: <7}</level> {message}",
             backtrace=False,
             diagnose=False,
+            filter=keep,
         )

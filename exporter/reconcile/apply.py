@@ -104,7 +104,7 @@ def log_unrequested(metrics: Metrics, units: list[UnitPlan], groups: Mapping[Ing
         if reason == "drift":
             metrics.drift_repairs.inc(len(unit.changes))
         for change in unit.changes[:_LOGGED_CHANGES]:
-            logger.info("{}: {} {}", reason, change.sign, change.key)
+            logger.bind(changed_key=change.key).info("{}: {} {}", reason, change.sign, change.key)
 
 
 def route(

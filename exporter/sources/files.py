@@ -59,6 +59,31 @@ def expand(globs: list[str]) -> list[Path]:
     return sorted({Path(p).resolve() for g in globs for p in glob.glob(g, recursive=True) if Path(p).is_file()})
 
 
+def unmatched(globs: list[str]) -> list[str]:
+    """One warning per pattern that matches no file now, naming the directory it was resolved against.
+
+    Without it, "no ingress matched" and "rendered to nothing" look the same: an empty output.
+    """
+    warnings = []
+    for pattern in globs:
+        if any(Path(p).is_file() for p in glob.glob(pattern, recursive=True)):
+            continue
+        directory = _fixed_part(pattern)
+        missing = "" if directory.is_dir() else ", which does not exist"
+        warnings.append(f"sources.files pattern {pattern!r} matches no file (resolved against {directory}{missing})")
+    return warnings
+
+
+def _fixed_part(pattern: str) -> Path:
+    """The directory a glob searches: its segments up to the first one with a wildcard."""
+    fixed: list[str] = []
+    for part in Path(pattern).parts[:-1]:
+        if glob.has_magic(part):
+            break
+        fixed.append(part)
+    return Path(*fixed).absolute() if fixed else Path.cwd()
+
+
 class IngressFiles:
     """Applies ingress files to a sink and keeps them applied as they change."""
 
@@ -75,6 +100,8 @@ class IngressFiles:
 
     async def run(self, committed: Callable[[], list[Record]], stop: asyncio.Event) -> None:
         """Take over what files applied before (`committed`: the records in etcd), apply every file, then follow them."""
+        for warning in unmatched(self._globs):
+            logger.warning(warning)
         self.adopt(committed())
         await self.sync_all()
         self.synced = True

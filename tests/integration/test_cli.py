@@ -8,6 +8,7 @@ from pathlib import Path
 
 import aiohttp
 import pytest
+import yaml
 
 from exporter.assembly import build_reconciler
 from exporter.config import load_settings
@@ -15,6 +16,7 @@ from exporter.embedded import EmbeddedEtcd
 from exporter.etcd.client import EtcdClient
 from exporter.keys import KeyLayout
 from tests.helpers import (
+    REPO,
     eventually,
     ingress_yaml,
     is_ready,
@@ -53,6 +55,31 @@ def test_render_prints_keys_without_etcd(tmp_path: Path) -> None:
     assert "traefik/worker_cli/_meta/owner = traefik-etcd-exporter" in lines
     assert "traefik/worker_cli/tls/stores/default/defaultCertificate/certFile = <generated certificate>" in lines
     assert "# authority 'cli': root traefik/worker_cli, object names cli_<id>[_<suffix>]" in lines
+
+
+def test_render_warns_of_a_pattern_that_matches_no_file_and_exits_0(tmp_path: Path) -> None:
+    cfg = tmp_path / "exporter.yaml"
+    cfg.write_text('etcd: {endpoints: ["http://127.0.0.1:9"]}\nsources: {files: ["ingresses/*.yaml"]}\n')
+    out = run_cli("render", "--config", str(cfg))
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == ""
+    assert out.stderr.splitlines() == [
+        f"WARNING: sources.files pattern '{tmp_path}/ingresses/*.yaml' matches no file "
+        f"(resolved against {tmp_path}/ingresses, which does not exist)"
+    ]
+    (tmp_path / "ingresses").mkdir()
+    assert f"matches no file (resolved against {tmp_path}/ingresses)" in run_cli("render", "--config", str(cfg)).stderr
+
+
+def test_render_of_the_examples_shows_each_example_ingresss_router() -> None:
+    examples = REPO / "examples"
+    out = run_cli("render", "--config", str(examples / "exporter.yaml"))
+    assert out.returncode == 0 and out.stderr == "", out.stderr
+    declared = yaml.safe_load((examples / "ingresses" / "example.yaml").read_text())["ingresses"]
+    assert len(declared) >= 2
+    for ingress in declared:
+        rule = f"traefik/worker_{ingress['authority']}/http/routers/{ingress['authority']}_{ingress['id']}/rule"
+        assert any(line.startswith(f"{rule} = Host(`{ingress['hosts'][0]}`)") for line in out.stdout.splitlines()), out.stdout
 
 
 def test_render_shows_the_label_a_free_text_authority_maps_to(tmp_path: Path) -> None:

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import os
+import pty
 import re
+import select
 import signal
 import subprocess
 import sys
@@ -39,14 +41,63 @@ async def _state(http: aiohttp.ClientSession, page: str) -> dict[str, Any]:
         return state
 
 
+def _status_page_among_first_lines(text: str) -> str:
+    """The status page's URL, which must be on one of the first 3 lines of everything printed."""
+    first = text.splitlines()[:3]
+    pages = [m.group(1) for line in first if (m := re.fullmatch(r"Status page: (http://127\.0\.0\.1:\d+/)", line.strip()))]
+    assert pages, f"no status page in the first 3 lines: {first}"
+    return pages[0]
+
+
+async def test_in_a_terminal_the_status_page_is_among_the_first_lines_and_answers(http: aiohttp.ClientSession) -> None:
+    # A pseudo-terminal, as a newcomer's shell: the daemon's log (human lines on a TTY) and the banner
+    # share one screen, and the banner must not scroll away behind the log.
+    controller, terminal = pty.openpty()
+    proc = subprocess.Popen([sys.executable, "-m", "exporter", "run", "--embedded"], stdin=terminal, stdout=terminal,
+                            stderr=terminal, env={k: v for k, v in os.environ.items() if not k.startswith("EXPORTER_")})
+    os.close(terminal)
+    screen = b""
+    try:
+        deadline = time.monotonic() + 90
+        while b"Ctrl-C stops everything" not in screen:
+            assert time.monotonic() < deadline and proc.poll() is None, screen.decode(errors="replace")
+            ready, _, _ = await asyncio.to_thread(select.select, [controller], [], [], 1)
+            if ready:
+                screen += os.read(controller, 65536)
+        page = _status_page_among_first_lines(screen.decode().replace("\r", ""))
+
+        async def answers() -> bool:
+            async with http.get(page) as resp:
+                return resp.status == 200
+        await eventually(answers, timeout=30)
+    finally:
+        proc.send_signal(signal.SIGINT)
+        await asyncio.to_thread(_drain, controller, proc)
+        os.close(controller)
+    assert proc.returncode == 0
+
+
+def _drain(controller: int, proc: subprocess.Popen[bytes]) -> None:
+    """Read the terminal until the child exits (a full terminal buffer would block its last writes)."""
+    deadline = time.monotonic() + 30
+    while proc.poll() is None and time.monotonic() < deadline:
+        if select.select([controller], [], [], 0.2)[0]:
+            try:
+                os.read(controller, 65536)
+            except OSError:
+                break
+    proc.wait(30)
+
+
 async def test_the_first_run_prints_the_status_page_first_and_a_downed_backend_turns_red(http: aiohttp.ClientSession) -> None:
-    env = {**os.environ, "EXPORTER_LOG__LEVEL": "WARNING"}
-    proc = subprocess.Popen([sys.executable, "-m", "exporter", "run", "--embedded"], stdout=subprocess.PIPE, text=True, env=env)
+    # As a pipe, the log (JSON lines at the default level) merged with the banner, as `... 2>&1 | less` shows them.
+    env = {k: v for k, v in os.environ.items() if not k.startswith("EXPORTER_")}
+    proc = subprocess.Popen([sys.executable, "-m", "exporter", "run", "--embedded"], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env=env)
     try:
         text = "".join(await _lines_until(proc, "Ctrl-C stops everything"))
-        first = next(line for line in text.splitlines() if line.strip())
-        page = re.fullmatch(r"Status page: (http://127\.0\.0\.1:\d+/)", first)
-        assert page is not None, text
+        page = re.search(r"(http://127\.0\.0\.1:\d+/)", _status_page_among_first_lines(text))
+        assert page is not None
         down = re.search(r"curl -X POST (http://127\.0\.0\.1:\d+/backends/backend-1/down)", text)
         assert down is not None, text
 

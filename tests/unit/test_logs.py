@@ -53,3 +53,18 @@ def test_an_exception_is_named_by_its_type_and_value_without_a_traceback(stderr:
     err = stderr.readouterr().err
     [line] = _lines(err)
     assert line["exception"] == "ValueError: bad value" and "Traceback" not in err
+
+
+@pytest.mark.parametrize(("level", "kept"), [("INFO", ["txn rev=3"]), ("DEBUG", ["reconcile: + k", "txn rev=3"])])
+def test_the_first_runs_log_leaves_out_per_key_lines_unless_at_debug(capsys: Stderr, level: str, kept: list[str]) -> None:
+    from exporter.metrics import Metrics
+    from exporter.plan.plan import Change, UnitPlan
+    from exporter.reconcile.apply import log_unrequested
+
+    setup_logging(LogSettings(level=level, format="json"), key_changes=False)
+    try:
+        log_unrequested(Metrics(), [UnitPlan("root", [Change("k", None, "v")], [])], {}, {})
+        logger.info("txn rev=3")
+    finally:
+        logger.remove()
+    assert [line["message"] for line in _lines(capsys.readouterr().err)] == kept
