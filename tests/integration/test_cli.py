@@ -80,6 +80,9 @@ def test_render_of_the_examples_shows_each_example_ingresss_router() -> None:
     for ingress in declared:
         rule = f"traefik/worker_{ingress['authority']}/http/routers/{ingress['authority']}_{ingress['id']}/rule"
         assert any(line.startswith(f"{rule} = Host(`{ingress['hosts'][0]}`)") for line in out.stdout.splitlines()), out.stdout
+    # docs/cli.md shows this very output.
+    documented = (REPO / "docs" / "cli.md").read_text()
+    assert [line for line in out.stdout.splitlines() if f"  {line}\n" not in documented] == []
 
 
 def test_render_shows_the_label_a_free_text_authority_maps_to(tmp_path: Path) -> None:
