@@ -194,9 +194,13 @@ class PushApi:
             span.refused(BodyTooLarge.__name__ if exc.status == 413 else type(exc).__name__)
             if exc.status == 413:
                 return error_response(BodyTooLarge(f"request body is larger than {self._max_body_bytes} bytes"), request_id)
-            return web.json_response(
+            answer = web.json_response(
                 {"type": type(exc).__name__, "title": exc.reason, "data": {"request_id": request_id}}, status=exc.status
             )
+            # A 405 names the methods the path takes (RFC 9110).
+            if "Allow" in exc.headers:
+                answer.headers["Allow"] = exc.headers["Allow"]
+            return answer
         except Exception:  # noqa: BLE001 - never a stack trace in a body
             span.refused("InternalError")
             logger.exception("push API {} {} failed", request.method, request.path)

@@ -372,6 +372,20 @@ async def test_coordinator_simulation_50_clients_500_ingresses(
     await eventually(lambda: serves(http, traefik.url("web"), f"{ids[5]}.test", path="/r2/x", status=404))  # removed
 
 
+@pytest.mark.parametrize(("method", "path", "allowed"), [
+    ("TRACE", "/v2/ingress", {"GET", "HEAD"}), ("GET", "/v2/ingress/upsert", {"POST"}), ("PUT", "/v2/ingress/remove", {"POST"}),
+])
+async def test_a_method_the_path_does_not_take_is_405_with_allow(
+    api_daemon: Daemon, http: aiohttp.ClientSession, method: str, path: str, allowed: set[str]
+) -> None:
+    headers = {"Authorization": f"Bearer {API_TOKEN}"}
+    async with http.request(method, f"http://{api_daemon.settings.api.listen}{path}", headers=headers) as resp:
+        assert resp.status == 405
+        assert {m.strip() for m in resp.headers["Allow"].split(",")} == allowed
+        body = await resp.json()
+    assert body["type"] == "HTTPMethodNotAllowed" and body["data"]["request_id"]
+
+
 def test_the_openapi_document_lists_exactly_the_served_routes(api_daemon: Daemon) -> None:
     from exporter.sources.api import push_api_app
 
