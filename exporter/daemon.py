@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 import signal
 import ssl
 from collections.abc import Awaitable, Callable
@@ -15,14 +16,15 @@ from watchfiles import awatch
 from .assembly import Parts, assemble
 from .assembly.apps import control_server, push_api, server_tls
 from .config import Settings
+from .malformed import server_logger
 
 # Seconds of silence from etcd after which it is asked (readiness sees an outage while idle).
 _PROBE_EVERY = 1.0
 
 
-async def _serve(app: web.Application, listen: str, tls: ssl.SSLContext | None) -> web.AppRunner:
+async def _serve(app: web.Application, listen: str, tls: ssl.SSLContext | None, errors: logging.Logger) -> web.AppRunner:
     host, _, port = listen.rpartition(":")
-    runner = web.AppRunner(app, access_log=None)
+    runner = web.AppRunner(app, access_log=None, logger=errors)
     await runner.setup()
     await web.TCPSite(runner, host, int(port), ssl_context=tls).start()
     return runner
@@ -48,11 +50,12 @@ class Daemon:
         api_app = push_api(parts)
         control, api = self.settings.control, self.settings.api
         control_tls = server_tls(control.tls_cert_file, control.tls_key_file, "control")
-        self._runners.append(await _serve(control_server(parts), control.listen, control_tls))
+        self._runners.append(await _serve(control_server(parts), control.listen, control_tls, server_logger("control server")))
         logger.info("control server on {}://{}", "https" if control_tls else "http", control.listen)
         if api_app is not None:
             api_tls = server_tls(api.tls_cert_file, api.tls_key_file, "api")
-            self._runners.append(await _serve(api_app, api.listen, api_tls))
+            errors = server_logger("push API", parts.metrics.api_requests)
+            self._runners.append(await _serve(api_app, api.listen, api_tls, errors))
             logger.info("push API on {}://{}", "https" if api_tls else "http", api.listen)
         await parts.reconciler.start()
         self._spawn("etcd-probe", lambda: parts.etcd.probe_while_idle(_PROBE_EVERY))

@@ -105,12 +105,8 @@ def _welcome(
 
 
 async def run_embedded(config: Path | None) -> int:
-    """Run the demo until Ctrl-C; returns the exit code.
-
-    The banner comes before the daemon's first log line, so it is what a newcomer sees first, in a
-    terminal and in a pipe; the per-key lines of the daemon's own writes stay out of the demo's log
-    (its transaction lines say what was written: docs/cli.md).
-    """
+    """Run the demo until Ctrl-C; returns the exit code. The banner comes before the daemon's first
+    log line (a newcomer sees it first), and the demo's log leaves out per-key lines (docs/quickstart.md)."""
     workdir = Path(tempfile.mkdtemp(prefix="traefik-etcd-exporter-"))
     print(f"Starting etcd, Traefik and two example backends (logs in {workdir}) ...", flush=True)
     etcd = start_etcd(workdir, RECOMMENDED_ETCD_FLAGS)

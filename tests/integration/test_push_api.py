@@ -423,6 +423,49 @@ async def test_restart_keeps_every_ingress_and_revision(tmp_path: Path, etcd: Em
         await client.delete_prefix(f"{records}/")
 
 
+MALFORMED = [
+    b"GET /v2/ingress HTTP/1.1\r\nHost: x\r\nX-Token: a\x00b\r\n\r\n",  # a NUL byte in a header value
+    b"GET /v2/ingress HTTP/9\r\nHost: x\r\n\r\n",  # a bad request line
+    b"GET /v2/ingress HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 70_000 + b"\r\n\r\n",  # an oversized header
+]
+
+
+async def _raw(listen: str, request: bytes) -> bytes:
+    host, _, port = listen.rpartition(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    writer.write(request)
+    await writer.drain()
+    answer = await asyncio.wait_for(reader.read(), 10)
+    writer.close()
+    return answer
+
+
+async def test_requests_the_parser_refuses_are_logged_as_the_daemons_own_json_lines_and_counted(
+    tmp_path: Path, etcd: EmbeddedEtcd, http: aiohttp.ClientSession
+) -> None:
+    config = tmp_path / "exporter.yaml"
+    config.write_text(f'etcd: {{endpoints: ["{etcd.url}"]}}\nrecords_prefix: "{uid("malformed")}/records"\n')
+    listen, control = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
+    env = {"EXPORTER_API__TOKEN": API_TOKEN, "EXPORTER_API__LISTEN": listen, "EXPORTER_CONTROL__LISTEN": control,
+           "EXPORTER_LOG__FORMAT": "json"}
+    log = tmp_path / "daemon.log"
+    proc = start_daemon(config, log, env=env)
+    try:
+        await eventually(lambda: _api_up(Api(listen, http)), timeout=30)
+        for request in MALFORMED:
+            assert (await _raw(listen, request)).split(b"\r\n", 1)[0].endswith(b" 400 Bad Request"), request[:40]
+        async with http.get(f"http://{control}/metrics") as resp:
+            metrics = await resp.text()
+        assert 'exporter_api_requests_total{route="malformed",status="400"} 3.0' in metrics
+    finally:
+        stop_daemon(proc)
+    lines = log.read_text().splitlines()
+    assert [line for line in lines if not line.startswith("{")] == []
+    refused = [json.loads(line) for line in lines if "refused a malformed request" in line]
+    assert len(refused) == 3 and {r["level"] for r in refused} == {"WARNING"} and all(r["status"] == 400 for r in refused)
+    assert all("exception" not in r and "aaaa" not in r["message"] for r in refused)
+
+
 async def _api_up(api: Api) -> bool:
     status, _ = await api.call("GET", "/v2/ingress")
     return status == 200
