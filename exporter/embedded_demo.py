@@ -19,7 +19,7 @@ from loguru import logger
 
 from .config import Settings, load_settings
 from .daemon import Daemon
-from .embedded import RECOMMENDED_ETCD_FLAGS, free_port, start_etcd, start_traefik
+from .embedded import RECOMMENDED_ETCD_FLAGS, EmbeddedEtcd, EmbeddedTraefik, free_port, start_etcd, start_traefik
 from .logs import setup_logging
 
 AUTHORITY = "demo"
@@ -72,9 +72,9 @@ async def _serve(app: web.Application, port: int) -> web.AppRunner:
     return runner
 
 
-async def _wait_routed(url: str, host: str, deadline: float) -> bool:
+async def _wait_routed(url: str, host: str, deadline: float, stop: asyncio.Event) -> bool:
     async with aiohttp.ClientSession() as session:
-        while time.monotonic() < deadline:
+        while time.monotonic() < deadline and not stop.is_set():
             try:
                 async with session.get(url, headers={"Host": host}) as resp:
                     if resp.status == 200:
@@ -107,13 +107,45 @@ def _welcome(
 async def run_embedded(config: Path | None) -> int:
     """Run the demo until Ctrl-C; returns the exit code. The banner comes before the daemon's first
     log line (a newcomer sees it first), and the demo's log leaves out per-key lines (docs/quickstart.md)."""
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    # Taken before the first child starts: Python's default would exit at once on a SIGTERM that
+    # comes while etcd or Traefik is starting, and leave them running.
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
     workdir = Path(tempfile.mkdtemp(prefix="traefik-etcd-exporter-"))
     print(f"Starting etcd, Traefik and two example backends (logs in {workdir}) ...", flush=True)
-    etcd = start_etcd(workdir, RECOMMENDED_ETCD_FLAGS)
-    settings = load_settings(config)
-    setup_logging(settings.log, key_changes=False)
-    root = settings.layout().root(AUTHORITY)
-    traefik = start_traefik(workdir, etcd.url, root, settings.default_entrypoints)
+    children: list[EmbeddedEtcd | EmbeddedTraefik] = []
+    try:
+        etcd = start_etcd(workdir, RECOMMENDED_ETCD_FLAGS)
+        children.append(etcd)
+        settings = load_settings(config)
+        setup_logging(settings.log, key_changes=False)
+        if await _stopped(stop):
+            return 0
+        traefik = start_traefik(workdir, etcd.url, settings.layout().root(AUTHORITY), settings.default_entrypoints)
+        children.append(traefik)
+        if not await _stopped(stop):
+            await _demo(settings, workdir, etcd, traefik, stop)
+    finally:
+        for child in reversed(children):
+            child.stop()
+    return 0
+
+
+async def _stopped(stop: asyncio.Event) -> bool:
+    """True once a signal asked to stop; lets the loop run the handler of a signal that came during a blocking start."""
+    await asyncio.sleep(0.05)
+    return stop.is_set()
+
+
+async def _relay(stop: asyncio.Event, daemon_stop: asyncio.Event) -> None:
+    await stop.wait()
+    daemon_stop.set()
+
+
+async def _demo(settings: Settings, workdir: Path, etcd: EmbeddedEtcd, traefik: EmbeddedTraefik, stop: asyncio.Event) -> None:
+    """The backends, the banner and the daemon, until `stop`."""
     runners = []
     try:
         ports = [free_port(), free_port()]
@@ -135,19 +167,16 @@ async def run_embedded(config: Path | None) -> int:
         web_url = traefik.url(settings.default_entrypoints[0])
         print(_welcome(settings, web_url, demo, ingress_dir / "demo.yaml", traefik.api, etcd.url, workdir), flush=True)
         daemon = Daemon(settings)
+        # A signal stops the daemon, and so does whatever else the daemon stops for.
+        relay = asyncio.create_task(_relay(stop, daemon.stop_event))
         await daemon.start()
-        if await _wait_routed(web_url, HOST, time.monotonic() + 30):
+        if await _wait_routed(web_url, HOST, time.monotonic() + 30, stop):
             logger.info("Traefik routes {} through the keys the exporter wrote: the demo is ready", HOST)
-        else:
+        elif not stop.is_set():
             logger.error("Traefik did not route {} in 30 s; logs in {}", HOST, workdir)
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, daemon.stop_event.set)
         await daemon.stop_event.wait()
+        relay.cancel()
         await daemon.stop()
     finally:
         for runner in runners:
             await runner.cleanup()
-        traefik.stop()
-        etcd.stop()
-    return 0

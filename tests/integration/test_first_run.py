@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -145,3 +146,44 @@ async def test_ctrl_c_to_the_whole_process_group_stops_the_daemon_before_its_chi
     # The one warning of a first run is its own: the demo's push API takes requests without a token.
     warnings = [line for line in err.splitlines() if '"WARNING"' in line or '"ERROR"' in line]
     assert [w for w in warnings if "accepts requests without a token" not in w] == [], err
+
+
+def _children(pid: int) -> dict[int, str]:
+    """The live child processes of `pid`, by pid, with their command names (from /proc)."""
+    found = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:
+            continue
+        name, rest = text[text.index("(") + 1 : text.rindex(")")], text[text.rindex(")") + 2 :].split()
+        if int(rest[1]) == pid and rest[0] != "Z":
+            found[int(stat.parent.name)] = name
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+async def test_a_sigterm_while_etcd_is_starting_leaves_no_child_behind() -> None:
+    proc = subprocess.Popen([sys.executable, "-m", "exporter", "run", "--embedded"], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    try:
+        async def etcd_spawned() -> int | None:
+            return next((pid for pid, name in _children(proc.pid).items() if name.startswith("etcd")), None)
+
+        etcd = await eventually(etcd_spawned, timeout=60, interval=0.005)
+        proc.terminate()
+        assert await asyncio.to_thread(proc.wait, 60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    outlived = _alive(etcd)
+    if outlived:
+        os.kill(etcd, signal.SIGKILL)
+    assert not outlived, "etcd outlived the daemon it was started by"
