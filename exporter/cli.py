@@ -26,12 +26,13 @@ def _settings(args: argparse.Namespace) -> Settings:
 
 
 def _file_records(settings: Settings, extra: list[str]) -> list[Record]:
-    from .sources.files import expand, load_ingress_file, unmatched
+    from .sources.files import load_ingress_file, scan
 
-    for warning in unmatched(settings.sources.files + extra):
+    paths, unmatched = scan(settings.sources.files + extra)
+    for warning in unmatched:
         print(f"WARNING: {warning}", file=sys.stderr)
     records: dict[IngressRef, Record] = {}
-    for path in expand(settings.sources.files + extra):
+    for path in paths:
         for record in load_ingress_file(path, settings.sources.max_file_bytes):
             if record.key in records:
                 raise ExporterError(f"{path}: ingress {record.key} is declared in two files")

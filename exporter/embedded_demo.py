@@ -117,26 +117,22 @@ async def run_embedded(config: Path | None) -> int:
     print(f"Starting etcd, Traefik and two example backends (logs in {workdir}) ...", flush=True)
     children: list[EmbeddedEtcd | EmbeddedTraefik] = []
     try:
-        etcd = start_etcd(workdir, RECOMMENDED_ETCD_FLAGS)
+        # Each blocking start runs in a thread, so the loop takes a signal that comes meanwhile.
+        etcd = await asyncio.to_thread(start_etcd, workdir, RECOMMENDED_ETCD_FLAGS)
         children.append(etcd)
         settings = load_settings(config)
         setup_logging(settings.log, key_changes=False)
-        if await _stopped(stop):
+        if stop.is_set():
             return 0
-        traefik = start_traefik(workdir, etcd.url, settings.layout().root(AUTHORITY), settings.default_entrypoints)
+        root = settings.layout().root(AUTHORITY)
+        traefik = await asyncio.to_thread(start_traefik, workdir, etcd.url, root, settings.default_entrypoints)
         children.append(traefik)
-        if not await _stopped(stop):
+        if not stop.is_set():
             await _demo(settings, workdir, etcd, traefik, stop)
     finally:
         for child in reversed(children):
             child.stop()
     return 0
-
-
-async def _stopped(stop: asyncio.Event) -> bool:
-    """True once a signal asked to stop; lets the loop run the handler of a signal that came during a blocking start."""
-    await asyncio.sleep(0.05)
-    return stop.is_set()
 
 
 async def _relay(stop: asyncio.Event, daemon_stop: asyncio.Event) -> None:

@@ -12,12 +12,15 @@ the route `malformed`.
 from __future__ import annotations
 
 import logging
+import re
 
 from aiohttp.http_exceptions import BadHttpMethod, HttpProcessingError
 from loguru import logger
 from prometheus_client import Counter
 
 MALFORMED_ROUTE = "malformed"
+# Where the parser's reason starts quoting the bytes it refused (`...: b'X-Token: a\x00b'`), to its end.
+_QUOTED = re.compile(r"[:.\s]*(b['\"].*)?$")
 
 
 class _ToDaemonLog(logging.Handler):
@@ -34,7 +37,7 @@ class _ToDaemonLog(logging.Handler):
             if self._counted is not None:
                 self._counted.labels(MALFORMED_ROUTE, str(status)).inc()
             # The parser's reason without the bytes it quotes (a header's value may be a credential).
-            reason = (error.message or type(error).__name__).strip().splitlines()[0].split(" b'")[0].split(' b"')[0].rstrip(":. ")
+            reason = _QUOTED.sub("", (error.message or type(error).__name__).strip().splitlines()[0])
             # Non-HTTP traffic on the port (a TLS hello, a scanner) is common noise: DEBUG, as aiohttp has it.
             level = "DEBUG" if isinstance(error, BadHttpMethod) else "WARNING"
             logger.bind(status=status, remote=str(remote)).log(

@@ -56,22 +56,23 @@ def load_ingress_file(path: Path, max_bytes: int = DEFAULT_MAX_FILE_BYTES) -> li
 
 def expand(globs: list[str]) -> list[Path]:
     """The files the configured globs match now, sorted."""
-    return sorted({Path(p).resolve() for g in globs for p in glob.glob(g, recursive=True) if Path(p).is_file()})
+    return scan(globs)[0]
 
 
-def unmatched(globs: list[str]) -> list[str]:
-    """One warning per pattern that matches no file now, naming the directory it was resolved against.
-
-    Without it, "no ingress matched" and "rendered to nothing" look the same: an empty output.
-    """
+def scan(globs: list[str]) -> tuple[list[Path], list[str]]:
+    """The files the globs match now, sorted, and one warning per pattern that matches none,
+    naming the directory it was resolved against (else "no ingress matched" and "rendered to
+    nothing" look the same: an empty output)."""
+    files: set[Path] = set()
     warnings = []
     for pattern in globs:
-        if any(Path(p).is_file() for p in glob.glob(pattern, recursive=True)):
-            continue
-        directory = _fixed_part(pattern)
-        missing = "" if directory.is_dir() else ", which does not exist"
-        warnings.append(f"sources.files pattern {pattern!r} matches no file (resolved against {directory}{missing})")
-    return warnings
+        found = {Path(p).resolve() for p in glob.glob(pattern, recursive=True) if Path(p).is_file()}
+        if not found:
+            directory = _fixed_part(pattern)
+            missing = "" if directory.is_dir() else ", which does not exist"
+            warnings.append(f"sources.files pattern {pattern!r} matches no file (resolved against {directory}{missing})")
+        files |= found
+    return sorted(files), warnings
 
 
 def _fixed_part(pattern: str) -> Path:
@@ -100,10 +101,8 @@ class IngressFiles:
 
     async def run(self, committed: Callable[[], list[Record]], stop: asyncio.Event) -> None:
         """Take over what files applied before (`committed`: the records in etcd), apply every file, then follow them."""
-        for warning in unmatched(self._globs):
-            logger.warning(warning)
         self.adopt(committed())
-        await self.sync_all()
+        await self.sync_all(warn=True)
         self.synced = True
         await self.follow(stop)
 
@@ -113,9 +112,12 @@ class IngressFiles:
             if record.source.startswith("file:"):
                 self.applied.setdefault(Path(record.source[5:]), {})[record.key] = record
 
-    async def sync_all(self) -> None:
-        """Apply every matched file, and remove what files that disappeared had applied."""
-        current = expand(self._globs)
+    async def sync_all(self, warn: bool = False) -> None:
+        """Apply every matched file, and remove what files that disappeared had applied (`warn`: log
+        each pattern that matches no file, as the first sync does)."""
+        current, unmatched = scan(self._globs)
+        for warning in unmatched if warn else ():
+            logger.warning(warning)
         for path in current:
             await self.sync(path)
         for path in [p for p in self.applied if p not in current]:
