@@ -149,6 +149,23 @@ def cmd_config_reference(_args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def cmd_openapi(args: argparse.Namespace) -> int:
+    """Print the push API's OpenAPI document: the published contract (docs/openapi.yaml), or with
+    --config this sidecar's own (its timeout bounds, plugin kinds, CA directories, wait=served)."""
+    from .sources.contract import openapi_yaml
+
+    if args.config is None:
+        sys.stdout.write(openapi_yaml())
+        return EXIT_OK
+    from .health.checkers import load_kinds
+    from .health.kinds import BUILTIN
+
+    settings = load_settings(Path(args.config))
+    builtin = {k.kind for k in BUILTIN}
+    sys.stdout.write(openapi_yaml(settings, [k for k in load_kinds(BUILTIN) if k not in builtin]))
+    return EXIT_OK
+
+
 _DESCRIPTION = """\
 Keeps Traefik's etcd configuration equal to the ingresses a coordinator pushes (or ingress
 files declare): minimal, atomic, compare-guarded etcd transactions, upstreams health-checked
@@ -194,6 +211,9 @@ def parser() -> argparse.ArgumentParser:
     health.set_defaults(func=cmd_healthcheck)
     reference = sub.add_parser("config-reference", help="print the configuration reference as Markdown")
     reference.set_defaults(func=cmd_config_reference)
+    openapi = sub.add_parser("openapi", help="print the push API's OpenAPI document (with --config: this sidecar's own)")
+    openapi.add_argument("--config", "-c", help="exporter.yaml")
+    openapi.set_defaults(func=cmd_openapi)
     return p
 
 

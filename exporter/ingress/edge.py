@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, Field, StrictFloat, StrictInt, StrictStr, model_validator
 
-from .values import Strict, UrlPath
+from .values import Published, Strict, UrlPath, pattern
 
 MAX_PATHS = 32
 MAX_BLOCKED_SEGMENTS = 32
@@ -24,15 +24,17 @@ Seconds = Annotated[StrictInt | StrictFloat, Field(gt=0, le=86_400, allow_inf_na
 # A path regex is written into Traefik's rule as PathRegexp(`...`) and compiled by Go's RE2:
 # only the syntax RE2 and Python share, and nothing that could end the rule literal (a
 # backtick) or carry a quote, a space or a control character.
-_REGEX_CHARS = re.compile(r"^[A-Za-z0-9._~/^$()\[\]|?*+{},\\:=@!&-]+\Z")
+_REGEX = "^\\^/[A-Za-z0-9._~/^$()\\[\\]|?*+{},\\\\:=@!&-]*$"
+_REGEX_CHARS = pattern("^[A-Za-z0-9._~/^$()\\[\\]|?*+{},\\\\:=@!&-]+$")
 _REGEX_ESCAPES = frozenset(".dwsDWS-/+?*()[]{}|^$\\")
-_SEGMENT_RE = re.compile(r"^[A-Za-z0-9._~-]{1,64}\Z")
+_SEGMENT = "^[A-Za-z0-9._~-]{1,64}$"
+_SEGMENT_RE = pattern(_SEGMENT)
 
 
 def _regex(value: str) -> str:
     if len(value.encode()) > MAX_REGEX_BYTES:
         raise ValueError(f"must be at most {MAX_REGEX_BYTES} bytes")
-    if not _REGEX_CHARS.match(value):
+    if not _REGEX_CHARS.fullmatch(value):
         raise ValueError("may contain only [A-Za-z0-9._~/^$()[]|?*+{},\\:=@!&-]: no backticks, quotes, spaces or control characters")
     if not value.startswith("^/"):
         raise ValueError("must be anchored at the start of the path: begin with '^/'")
@@ -49,13 +51,17 @@ def _regex(value: str) -> str:
 
 
 def _segment(value: str) -> str:
-    if not _SEGMENT_RE.match(value) or value.strip(".") == "":
+    if not _SEGMENT_RE.fullmatch(value) or value.strip(".") == "":
         raise ValueError("must be one path segment of [A-Za-z0-9._~-] (at most 64 characters, not only dots)")
     return value.lower()
 
 
-Regex = Annotated[StrictStr, AfterValidator(_regex)]
-Segment = Annotated[StrictStr, AfterValidator(_segment)]
+Regex = Annotated[StrictStr, AfterValidator(_regex), Published(
+    pattern=_REGEX, maxLength=MAX_REGEX_BYTES,
+    description="anchored (^/...), in the syntax RE2 and Python share: it must compile, with no flags, lookarounds or named groups,"
+    " and escape only . d w s D W S - / + ? * ( ) [ ] { } | ^ $ \\",
+)]
+Segment = Annotated[StrictStr, AfterValidator(_segment), Published(pattern=_SEGMENT, **{"not": {"pattern": "^\\.+$"}})]
 
 
 class Timeouts(Strict):

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from pydantic import AliasChoices, Field
+from typing import Any
+
+from pydantic import AliasChoices, ConfigDict, Field
 
 from .values import Strict, UrlPath
 
@@ -14,6 +16,8 @@ class HealthCheck(Strict):
     edge values get the meanings documented in docs/ingress.md (`max_retries: 0` ejects on
     the first failure; an `interval` or `max_wait_time` below 0.1 s counts as 0.1 s).
     """
+
+    model_config = ConfigDict(json_schema_extra=lambda schema, _cls: _publish_aliases(schema))
 
     enable: bool = False
     path: UrlPath = "/health"
@@ -28,3 +32,15 @@ class HealthCheck(Strict):
     initial_delay: float = Field(
         default=60.0, ge=0, allow_inf_nan=False, validation_alias=AliasChoices("initial_delay", "initial-delay")
     )
+
+
+_ALIASES = ("max-retries", "max-wait-time", "expected-status-code", "initial-delay")
+
+
+def _publish_aliases(schema: dict[str, Any]) -> None:
+    """Each kebab-case alias published beside its snake_case name, as the same value: one of the two, never both."""
+    properties = schema["properties"]
+    for alias in _ALIASES:
+        name = alias.replace("-", "_")
+        properties[alias] = {k: v for k, v in properties[name].items() if k != "default"}
+    schema["dependentSchemas"] = {alias: {"not": {"required": [alias.replace("-", "_")]}} for alias in _ALIASES}

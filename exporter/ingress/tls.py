@@ -2,26 +2,28 @@
 
 from __future__ import annotations
 
-import re
 from typing import Annotated, Any
 
 from pydantic import AfterValidator, Field, SerializerFunctionWrapHandler, StrictStr, field_validator, model_serializer, model_validator
 
 from .bounds import MAX_CA_PEM_BYTES, MAX_HOSTS, MAX_TLS_DOMAINS
-from .values import HostName, Strict, drop_unset
+from .values import HostName, Published, Strict, drop_unset, pattern
 
-_RESOLVER_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}\Z")
-_TLS_OPTIONS_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,127}(@[a-z0-9-]{1,63})?\Z")
+_RESOLVER = "^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$"
+_TLS_OPTIONS = "^[A-Za-z0-9][A-Za-z0-9_-]{0,127}(@[a-z0-9-]{1,63})?$"
+_CA_FILE = "^(/[^/\\x00-\\x1f\\x7f]+)+$"
+_RESOLVER_RE = pattern(_RESOLVER)
+_TLS_OPTIONS_RE = pattern(_TLS_OPTIONS)
 
 
 def _resolver(value: str) -> str:
-    if not _RESOLVER_RE.match(value):
+    if not _RESOLVER_RE.fullmatch(value):
         raise ValueError("must be a certificate resolver name of [A-Za-z0-9_-]")
     return value
 
 
 def _tls_options(value: str) -> str:
-    if not _TLS_OPTIONS_RE.match(value):
+    if not _TLS_OPTIONS_RE.fullmatch(value):
         raise ValueError("must be a TLS options name, optionally @<provider>")
     return value
 
@@ -36,9 +38,11 @@ class TlsDomain(Strict):
 class RouterTls(Strict):
     """TLS termination on the router: a certificate resolver, its domains, TLS options."""
 
-    cert_resolver: Annotated[StrictStr, AfterValidator(_resolver)] | None = None
-    domains: list[TlsDomain] = Field(default_factory=list, max_length=MAX_TLS_DOMAINS)
-    options: Annotated[StrictStr, AfterValidator(_tls_options)] | None = None
+    cert_resolver: Annotated[StrictStr, AfterValidator(_resolver), Published(pattern=_RESOLVER)] | None = None
+    domains: Annotated[list[TlsDomain], Published(description="read only by a cert_resolver: needs one")] = Field(
+        default_factory=list, max_length=MAX_TLS_DOMAINS
+    )
+    options: Annotated[StrictStr, AfterValidator(_tls_options), Published(pattern=_TLS_OPTIONS)] | None = None
 
 
 def _ca_file(value: str) -> str:
@@ -52,11 +56,19 @@ def _ca_file(value: str) -> str:
 class UpstreamTls(Strict):
     """TLS towards the upstream: the CA that signed it (`ca_pem`, or `ca_file`, watched) and the name to verify."""
 
-    ca_pem: str | None = Field(default=None, max_length=MAX_CA_PEM_BYTES)
+    ca_pem: Annotated[str, Published(format="pem-certificates", description="one or more PEM certificates (not with ca_file)")] | None = (
+        Field(default=None, max_length=MAX_CA_PEM_BYTES)
+    )
     server_name: HostName | None = None
     insecure_skip_verify: bool = False
     # A file on the sidecar (under `upstream.ca_file_dirs`): read, watched, rewritten when it rotates.
-    ca_file: Annotated[StrictStr, Field(max_length=1024), AfterValidator(_ca_file)] | None = None
+    ca_file: Annotated[
+        StrictStr, Field(max_length=1024), AfterValidator(_ca_file),
+        Published(pattern=_CA_FILE, **{"not": {"pattern": "(^|/)\\.\\.?(/|$)"}}, description=(
+            "absolute path of a PEM file under upstream.ca_file_dirs on the sidecar (refused when none is configured);"
+            " watched, rewritten when it rotates (not with ca_pem)"
+        )),
+    ] | None = None
 
     @model_serializer(mode="wrap")
     def _canonical(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from typing import Annotated, Any, ClassVar, Literal
 
@@ -20,16 +19,19 @@ from pydantic import (
 )
 
 from .bounds import MAX_HEADERS, MAX_INSTANCES, MAX_SERVERS
-from .values import DnsLabel, Strict, UrlPath, Weight, drop_unset, parse_upstream_url
+from .values import DnsLabel, Published, Strict, UrlPath, Weight, drop_unset, parse_upstream_url, pattern, server_url
 
-_HEADER_NAME_RE = re.compile(r"^[A-Za-z0-9!#$%&'*+.^_`|~-]{1,128}\Z")
-_HEADER_VALUE_RE = re.compile(r"^[\x20-\x7e\t]{0,4096}\Z")
+_HEADER_NAME = "^[A-Za-z0-9!#$%&'*+.^_`|~-]{1,128}$"
+_HEADER_VALUE = "^[\\x20-\\x7e\\t]{0,4096}$"
+_HEADER_NAME_RE = pattern(_HEADER_NAME)
+_HEADER_VALUE_RE = pattern(_HEADER_VALUE)
+_URL_DESCRIPTION = "scheme://host:port (http, https; tcp://host:port for a tcp ingress); unique within the group"
 
 
 class Server(Strict):
     """One upstream server."""
 
-    url: str = Field(max_length=512)
+    url: Annotated[str, Published(pattern=server_url(("http", "https", "tcp")), description=_URL_DESCRIPTION)] = Field(max_length=512)
     weight: Weight = 1
 
     @field_validator("url")
@@ -67,7 +69,10 @@ class InstanceChecks(Strict):
     """Per-instance health check overrides of an `ai-proxy-multi` instance."""
 
     path: UrlPath | None = None
-    headers: dict[str, str] = Field(default_factory=dict, max_length=MAX_HEADERS)
+    headers: Annotated[
+        dict[str, str],
+        Published(propertyNames={"pattern": _HEADER_NAME}, additionalProperties={"type": "string", "pattern": _HEADER_VALUE}),
+    ] = Field(default_factory=dict, max_length=MAX_HEADERS)
     interval: float | None = Field(default=None, gt=0, le=3600)
     max_retries: int | None = Field(default=None, ge=1, le=100)
     max_wait_time: float | None = Field(default=None, gt=0, le=300)
@@ -77,9 +82,9 @@ class InstanceChecks(Strict):
     @classmethod
     def _headers(cls, value: dict[str, str]) -> dict[str, str]:
         for name, header in value.items():
-            if not _HEADER_NAME_RE.match(name):
+            if not _HEADER_NAME_RE.fullmatch(name):
                 raise ValueError(f"header name {name!r} is not an HTTP token")
-            if not _HEADER_VALUE_RE.match(header):
+            if not _HEADER_VALUE_RE.fullmatch(header):
                 raise ValueError(f"header {name!r} value must be printable ASCII without CR/LF")
         return value
 
@@ -87,8 +92,8 @@ class InstanceChecks(Strict):
 class Instance(Strict):
     """One named instance of an `ai-proxy-multi` upstream."""
 
-    name: DnsLabel
-    url: str = Field(max_length=512)
+    name: Annotated[DnsLabel, Published(description="unique within the upstream")]
+    url: Annotated[str, Published(pattern=server_url(("http", "https")))] = Field(max_length=512)
     weight: Weight = 1
     checks: InstanceChecks | None = None
 
@@ -119,7 +124,8 @@ class AiProxyMultiUpstream(Strict):
         return value
 
 
-_PLUGIN_KIND_RE = re.compile(r"^[a-z][a-z0-9-]{0,62}\Z")
+PLUGIN_KIND = "^[a-z][a-z0-9-]{0,62}$"
+_PLUGIN_KIND_RE = pattern(PLUGIN_KIND)
 _ConfigValue = StrictStr | StrictInt | StrictFloat | StrictBool
 
 
@@ -130,7 +136,10 @@ class PluginUpstream(Strict):
     is installed is checked when the ingress is accepted (docs/plugins.md).
     """
 
-    kind: str
+    kind: Annotated[str, Published(
+        pattern=PLUGIN_KIND, **{"not": {"enum": ["servers", "ai-proxy-multi"]}},
+        description="a kind a checker plugin installed on the sidecar provides (docs/plugins.md); another is refused with 400",
+    )]
     servers: list[Server] = Field(min_length=1, max_length=MAX_SERVERS)
     config: dict[str, _ConfigValue] = Field(default_factory=dict, max_length=32)
     # Checked by the plugin that provides `kind`.
@@ -143,7 +152,7 @@ class PluginUpstream(Strict):
     @field_validator("kind")
     @classmethod
     def _kind(cls, value: str) -> str:
-        if not _PLUGIN_KIND_RE.match(value) or value in ("servers", "ai-proxy-multi"):
+        if not _PLUGIN_KIND_RE.fullmatch(value) or value in ("servers", "ai-proxy-multi"):
             raise ValueError("must be servers, ai-proxy-multi or a plugin kind of [a-z0-9-]")
         return value
 

@@ -11,16 +11,75 @@ import re
 from typing import Annotated, Any, TypeVar
 from urllib.parse import urlsplit
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictFloat, StrictInt, StrictStr, ValidationInfo
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    GetJsonSchemaHandler,
+    StrictFloat,
+    StrictInt,
+    StrictStr,
+    ValidationInfo,
+    WithJsonSchema,
+)
+from pydantic_core import CoreSchema
 
-_DNS_LABEL_RE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?\Z")
-_HOST_LABEL_RE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?\Z")
-_PATH_RE = re.compile(r"^/[A-Za-z0-9._~%+=:@/-]{0,255}\Z")
-_ENTRYPOINT_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}\Z")
+
+class Published:
+    """JSON Schema keywords of a value whose check is Python code: what the published contract
+    (docs/openapi.yaml, generated from these models) says of it. A `pattern` is the one the
+    validator matches with `re.fullmatch`, so the schema and the check cannot drift apart."""
+
+    def __init__(self, **keywords: Any) -> None:
+        self.keywords = keywords
+
+    def __get_pydantic_json_schema__(self, core: CoreSchema, handler: GetJsonSchemaHandler) -> dict[str, Any]:
+        schema: dict[str, Any] = handler(core)
+        schema.update(self.keywords)
+        return schema
+
+
+def pattern(expression: str) -> re.Pattern[str]:
+    """A published pattern (ECMA-262 and Python alike, anchored `^...$`) compiled for `fullmatch`:
+    `$` alone would also match before a trailing newline, `fullmatch` never does."""
+    return re.compile(expression)
+
+
+LABEL = "[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?"
+DNS_LABEL = f"^{LABEL}$"
+HOST_NAME = rf"^(\*\.{LABEL}(\.{LABEL})+|{LABEL}(\.{LABEL})*)$"
+URL_PATH = "^/[A-Za-z0-9._~%+=:@/-]{0,255}$"
+ENTRYPOINT = "^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$"
+_OCTET = "(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
+IPV4 = rf"{_OCTET}(\.{_OCTET}){{3}}"
+_H16 = "[0-9a-fA-F]{1,4}"
+# Every IPv6 text form but the ones ending in a dotted IPv4 (accepted, not published).
+IPV6 = "(" + "|".join((
+    rf"({_H16}:){{7}}{_H16}",
+    *(rf"({_H16}:){{1,{n}}}(:{_H16}){{1,{7 - n}}}" for n in range(1, 7)),
+    rf"({_H16}:){{1,7}}:",
+    rf":(:{_H16}){{1,7}}",
+    "::",
+)) + ")"
+PORT = "([1-9][0-9]{0,3}|[1-5][0-9]{4}|6[0-4][0-9]{3}|65[0-4][0-9]{2}|655[0-2][0-9]|6553[0-5])"
+_HOST_IN_URL = rf"({IPV4}|{LABEL}(\.{LABEL})*|\[{IPV6}\])"
+
+
+def server_url(schemes: tuple[str, ...]) -> str:
+    """The published pattern of a server URL with one of `schemes`: scheme://host:port, an optional path."""
+    return rf"^({'|'.join(schemes)})://{_HOST_IN_URL}:{PORT}(/[A-Za-z0-9._~%+=:@/-]{{0,255}})?$"
+
+
+_DNS_LABEL_RE = pattern(DNS_LABEL)
+_HOST_RE = pattern(HOST_NAME)
+_PATH_RE = pattern(URL_PATH)
+_ENTRYPOINT_RE = pattern(ENTRYPOINT)
+_URL_RE = pattern(server_url(("http", "https", "tcp")))
 
 
 def _dns_label(value: str) -> str:
-    if not _DNS_LABEL_RE.match(value):
+    if not _DNS_LABEL_RE.fullmatch(value):
         raise ValueError("must be a DNS label: 1-63 of [a-z0-9-], lowercase, not starting or ending with '-'")
     if value.isdigit():
         raise ValueError("must not be all digits (Traefik decodes a numeric name as a list index)")
@@ -30,20 +89,15 @@ def _dns_label(value: str) -> str:
 def _hostname(value: str) -> str:
     if len(value) > 253:
         raise ValueError("must be at most 253 characters")
-    labels = value.split(".")
-    wildcard = labels[0] == "*"
-    for label in labels[1:] if wildcard else labels:
-        if not _HOST_LABEL_RE.match(label):
-            raise ValueError(
-                "must be an RFC 1123 host name: lowercase labels of [a-z0-9-] separated by '.'"
-            )
-    if wildcard and len(labels) < 3:
-        raise ValueError("a wildcard host needs at least two labels after '*.'")
+    if not _HOST_RE.fullmatch(value):
+        if value.startswith("*.") and _HOST_RE.fullmatch(value[2:]):
+            raise ValueError("a wildcard host needs at least two labels after '*.'")
+        raise ValueError("must be an RFC 1123 host name: lowercase labels of [a-z0-9-] separated by '.'")
     return value
 
 
 def _path(value: str) -> str:
-    if not _PATH_RE.match(value):
+    if not _PATH_RE.fullmatch(value):
         raise ValueError(
             "must start with '/' and contain only [A-Za-z0-9._~%+=:@/-] (at most 256 characters)"
         )
@@ -52,7 +106,7 @@ def _path(value: str) -> str:
 
 def validate_entrypoint(value: str) -> str:
     """An entrypoint name (also used for the config's default_entrypoints)."""
-    if not _ENTRYPOINT_RE.match(value):
+    if not _ENTRYPOINT_RE.fullmatch(value):
         raise ValueError("must be an entrypoint name of [A-Za-z0-9_-] (at most 64 characters)")
     return value
 
@@ -64,10 +118,13 @@ def _cidr(value: str) -> str:
         raise ValueError("must be an IP address or CIDR range such as 10.0.0.0/8") from None
 
 
-DnsLabel = Annotated[str, AfterValidator(_dns_label)]
+DnsLabel = Annotated[str, AfterValidator(_dns_label), Published(pattern=DNS_LABEL, **{"not": {"pattern": "^[0-9]+$"}})]
 # A server's share of its group: an integer, or a ratio such as Backend.AI's traffic_ratio (0.7);
 # 0 sends it no traffic. Rendered as Traefik's integer weights (render/renderer.py).
-Weight = Annotated[StrictInt | StrictFloat, Field(ge=0, le=1_000_000, allow_inf_nan=False)]
+Weight = Annotated[
+    StrictInt | StrictFloat, Field(ge=0, le=1_000_000, allow_inf_nan=False),
+    WithJsonSchema({"type": "number", "minimum": 0, "maximum": 1_000_000, "description": "an integer, or a ratio such as 0.7; 0: none"}),
+]
 
 
 def _authority(value: str) -> str:
@@ -83,11 +140,21 @@ def _authority(value: str) -> str:
 
 
 # Backend.AI's authority is free text: kept verbatim in keys, mapped to a safe label in object names (keys.py).
-Authority = Annotated[StrictStr, AfterValidator(_authority)]
-HostName = Annotated[str, AfterValidator(_hostname)]
-UrlPath = Annotated[str, AfterValidator(_path)]
-EntryPoint = Annotated[str, AfterValidator(validate_entrypoint)]
-Cidr = Annotated[str, AfterValidator(_cidr)]
+Authority = Annotated[
+    StrictStr, AfterValidator(_authority),
+    Published(pattern="^[^/\\x00-\\x1f\\x7f]+$", maxLength=253,
+              description="free text (Backend.AI's authority) without '/' or control characters, at most 253 bytes in UTF-8"),
+]
+HostName = Annotated[str, AfterValidator(_hostname), Published(pattern=HOST_NAME, maxLength=253)]
+UrlPath = Annotated[str, AfterValidator(_path), Published(pattern=URL_PATH)]
+EntryPoint = Annotated[str, AfterValidator(validate_entrypoint), Published(pattern=ENTRYPOINT)]
+_PREFIX4 = "(3[0-2]|[12]?[0-9])"
+_PREFIX6 = "(12[0-8]|1[01][0-9]|[1-9]?[0-9])"
+Cidr = Annotated[
+    str, AfterValidator(_cidr),
+    Published(pattern=f"^({IPV4}(/{_PREFIX4})?|{IPV6}(/{_PREFIX6})?)$",
+              description="an IP address or CIDR range such as 10.0.0.0/8 (host bits are cleared)"),
+]
 
 
 # Distinct values kept for sharing (a bound: the values come from pushes).
@@ -157,7 +224,7 @@ _SIMPLE_URL_RE = re.compile(
 def parse_upstream_url(value: str, schemes: tuple[str, ...]) -> tuple[str, str, int]:
     """Split a server URL into (scheme, host, port); raise ValueError naming what is wrong."""
     simple = _SIMPLE_URL_RE.match(value)
-    if simple and simple["scheme"] in schemes and 0 < int(simple["port"]) < 65536:
+    if simple and simple["scheme"] in schemes and simple["port"][0] != "0" and int(simple["port"]) < 65536:
         # The common case (scheme://ipv4-or-name:port), checked without urlsplit.
         host = simple["host"]
         if host[0].isdigit() and host.replace(".", "").isdigit():
@@ -189,4 +256,6 @@ def parse_upstream_url(value: str, schemes: tuple[str, ...]) -> tuple[str, str, 
         _hostname(host)
     if parts.path not in ("", "/"):
         _path(parts.path)
+    if not _URL_RE.fullmatch(value):
+        raise ValueError("must be scheme://host:port (a lowercase host name, an IPv4 address or [an IPv6 address]), an optional path")
     return parts.scheme, host, port
