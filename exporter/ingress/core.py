@@ -18,7 +18,7 @@ from .health import HealthCheck
 from .routing import IpStrategy, MiddlewareRef
 from .tls import RouterTls, UpstreamTls
 from .upstreams import AiProxyMultiUpstream, Canary, PluginUpstream, ServersUpstream, Upstream, default_kind
-from .values import Authority, Cidr, DnsLabel, EntryPoint, HostName, Strict, UrlPath, admitting, drop_unset, shared
+from .values import Authority, Integer, Cidr, DnsLabel, EntryPoint, HostName, Strict, UrlPath, admitting, drop_unset, shared
 
 # Fields added after records were first stored: left out of the canonical JSON while unset, so a
 # stored record keeps its exact bytes (no rewrite on upgrade).
@@ -36,7 +36,7 @@ class Ingress(Strict):
 
     authority: Authority
     id: DnsLabel
-    revision: int = Field(ge=0, le=2**63 - 1)
+    revision: Integer = Field(ge=0, le=2**63 - 1)
     protocol: Literal["http", "tcp"] = "http"
     hosts: list[HostName] = Field(default_factory=list, max_length=MAX_HOSTS)
     path_prefix: UrlPath = "/"
@@ -76,6 +76,8 @@ class Ingress(Strict):
     @field_validator("revision", mode="before")
     @classmethod
     def _int_revision(cls, value: Any) -> Any:
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
         if isinstance(value, bool) or not isinstance(value, int):
             raise ValueError("must be an integer")
         return value

@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, Field, StrictFloat, StrictInt, StrictStr, model_validator
 
-from .values import Published, Strict, UrlPath, pattern
+from .values import Integer, Published, Strict, UrlPath, pattern
 
 MAX_PATHS = 32
 MAX_BLOCKED_SEGMENTS = 32
@@ -24,7 +24,8 @@ Seconds = Annotated[StrictInt | StrictFloat, Field(gt=0, le=86_400, allow_inf_na
 # A path regex is written into Traefik's rule as PathRegexp(`...`) and compiled by Go's RE2:
 # only the syntax RE2 and Python share, and nothing that could end the rule literal (a
 # backtick) or carry a quote, a space or a control character.
-_REGEX = "^\\^/[A-Za-z0-9._~/^$()\\[\\]|?*+{},\\\\:=@!&-]*$"
+# Past the anchor: the characters allowed, a backslash only before an escape RE2 and Python share.
+_REGEX = "^\\^/([A-Za-z0-9._~/^$()\\[\\]|?*+{},:=@!&-]|\\\\[.dwsDWS/+?*()\\[\\]{}|^$\\\\-])*$"
 _REGEX_CHARS = pattern("^[A-Za-z0-9._~/^$()\\[\\]|?*+{},\\\\:=@!&-]+$")
 _REGEX_ESCAPES = frozenset(".dwsDWS-/+?*()[]{}|^$\\")
 _SEGMENT = "^[A-Za-z0-9._~-]{1,64}$"
@@ -93,23 +94,23 @@ class PathRule(Strict):
 class Rate(Strict):
     """Traefik's rateLimit: `average` requests per `period` seconds (default 1), bursts of `burst`."""
 
-    average: StrictInt = Field(ge=1, le=1_000_000)
-    burst: StrictInt | None = Field(default=None, ge=1, le=1_000_000)
+    average: Integer = Field(ge=1, le=1_000_000)
+    burst: Integer | None = Field(default=None, ge=1, le=1_000_000)
     period: Seconds | None = None
 
 
 class Limits(Strict):
     """Request limits: 413 past `max_body_bytes`, 429 past `max_in_flight` concurrent requests or the `rate`."""
 
-    max_body_bytes: StrictInt | None = Field(default=None, ge=1, le=2**40)
-    max_in_flight: StrictInt | None = Field(default=None, ge=1, le=1_000_000)
+    max_body_bytes: Integer | None = Field(default=None, ge=1, le=2**40)
+    max_in_flight: Integer | None = Field(default=None, ge=1, le=1_000_000)
     rate: Rate | None = None
 
 
 class Retry(Strict):
     """Traefik's retry: up to `attempts` more tries of a request that never reached a server."""
 
-    attempts: StrictInt = Field(ge=1, le=10)
+    attempts: Integer = Field(ge=1, le=10)
     initial_interval: Annotated[StrictInt | StrictFloat, Field(ge=0, le=60, allow_inf_nan=False)] | None = None
 
 

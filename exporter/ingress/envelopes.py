@@ -7,7 +7,7 @@ from pydantic import Field, field_validator
 from ..keys import IngressRef
 from .bounds import MAX_INGRESSES_PER_REQUEST
 from .core import Ingress
-from .values import Authority, DnsLabel, Strict
+from .values import Authority, Integer, DnsLabel, Strict
 
 
 class IngressFile(Strict):
@@ -37,7 +37,7 @@ class RemoveItem(Strict):
 
     authority: Authority
     id: DnsLabel
-    revision: int | None = Field(default=None, ge=0, le=2**63 - 1)
+    revision: Integer | None = Field(default=None, ge=0, le=2**63 - 1)
 
 
 class RemoveRequest(Strict):

@@ -6,7 +6,7 @@ from typing import Any
 
 from pydantic import AliasChoices, ConfigDict, Field
 
-from .values import Strict, UrlPath
+from .values import Integer, Strict, UrlPath
 
 
 class HealthCheck(Strict):
@@ -22,11 +22,11 @@ class HealthCheck(Strict):
     enable: bool = False
     path: UrlPath = "/health"
     interval: float = Field(default=10.0, allow_inf_nan=False)
-    max_retries: int = Field(default=10, validation_alias=AliasChoices("max_retries", "max-retries"))
+    max_retries: Integer = Field(default=10, validation_alias=AliasChoices("max_retries", "max-retries"))
     max_wait_time: float = Field(
         default=15.0, allow_inf_nan=False, validation_alias=AliasChoices("max_wait_time", "max-wait-time")
     )
-    expected_status_code: int = Field(
+    expected_status_code: Integer = Field(
         default=200, gt=100, validation_alias=AliasChoices("expected_status_code", "expected-status-code")
     )
     initial_delay: float = Field(

@@ -7,7 +7,7 @@ from typing import Annotated
 from pydantic import AfterValidator, Field, StrictStr, ValidationInfo, model_validator
 
 from .bounds import MAX_ALLOWED_IPS
-from .values import Cidr, Published, Strict, admitting, pattern
+from .values import Cidr, Integer, Published, Strict, admitting, pattern
 
 _MIDDLEWARE_REF = "^[A-Za-z0-9][A-Za-z0-9_-]{0,127}@[a-z0-9-]{1,63}$"
 _MIDDLEWARE_REF_RE = pattern(_MIDDLEWARE_REF)
@@ -27,7 +27,7 @@ class IpStrategy(Strict):
     """How the client IP is found behind load balancers: the `depth`-th address from the right of
     X-Forwarded-For, skipping `excluded_ips` (Traefik's ipAllowList.ipStrategy)."""
 
-    depth: Annotated[int, Published(description="above 0: excluded_ips must be empty (Traefik ignores them then)")] = Field(
+    depth: Annotated[Integer, Published(description="above 0: excluded_ips must be empty (Traefik ignores them then)")] = Field(
         default=0, ge=0, le=64
     )
     excluded_ips: list[Cidr] = Field(default_factory=list, max_length=MAX_ALLOWED_IPS)

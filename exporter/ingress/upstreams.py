@@ -19,7 +19,7 @@ from pydantic import (
 )
 
 from .bounds import MAX_HEADERS, MAX_INSTANCES, MAX_SERVERS
-from .values import DnsLabel, Published, Strict, UrlPath, Weight, drop_unset, parse_upstream_url, pattern, server_url
+from .values import DnsLabel, Integer, Published, Strict, UrlPath, Weight, drop_unset, parse_upstream_url, pattern, server_url
 
 _HEADER_NAME = "^[A-Za-z0-9!#$%&'*+.^_`|~-]{1,128}$"
 _HEADER_VALUE = "^[\\x20-\\x7e\\t]{0,4096}$"
@@ -74,9 +74,9 @@ class InstanceChecks(Strict):
         Published(propertyNames={"pattern": _HEADER_NAME}, additionalProperties={"type": "string", "pattern": _HEADER_VALUE}),
     ] = Field(default_factory=dict, max_length=MAX_HEADERS)
     interval: float | None = Field(default=None, gt=0, le=3600)
-    max_retries: int | None = Field(default=None, ge=1, le=100)
+    max_retries: Integer | None = Field(default=None, ge=1, le=100)
     max_wait_time: float | None = Field(default=None, gt=0, le=300)
-    expected_status_code: int | None = Field(default=None, ge=100, le=599)
+    expected_status_code: Integer | None = Field(default=None, ge=100, le=599)
 
     @field_validator("headers")
     @classmethod
@@ -194,9 +194,9 @@ class Canary(Strict):
     (`all`: every one; default: any one).
     """
 
-    weight: int = Field(ge=1, le=99)
+    weight: Integer = Field(ge=1, le=99)
     upstream: Upstream
-    min_ready: Annotated[StrictInt, Field(ge=1, le=MAX_SERVERS)] | Literal["all"] | None = None
+    min_ready: Annotated[Integer, Field(ge=1, le=MAX_SERVERS)] | Literal["all"] | None = None
 
     @model_serializer(mode="wrap")
     def _canonical(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:

@@ -13,6 +13,7 @@ from urllib.parse import urlsplit
 
 from pydantic import (
     AfterValidator,
+    BeforeValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -118,6 +119,13 @@ def _cidr(value: str) -> str:
         raise ValueError("must be an IP address or CIDR range such as 10.0.0.0/8") from None
 
 
+def _whole(value: Any) -> Any:
+    # JSON Schema's `integer` is any number without a fraction: 3.0 is the integer 3.
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+# An integer as the published contract means it (3 or 3.0, never "3" or 3.5).
+Integer = Annotated[int, BeforeValidator(_whole)]
 DnsLabel = Annotated[str, AfterValidator(_dns_label), Published(pattern=DNS_LABEL, **{"not": {"pattern": "^[0-9]+$"}})]
 # A server's share of its group: an integer, or a ratio such as Backend.AI's traffic_ratio (0.7);
 # 0 sends it no traffic. Rendered as Traefik's integer weights (render/renderer.py).
