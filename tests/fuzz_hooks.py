@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import datetime
+import os
+from typing import Any
 
 import schemathesis
 from cryptography import x509
@@ -26,3 +28,36 @@ def _certificate(name: str) -> str:
 
 _PEMS = [_certificate(f"fuzz-ca-{n}") for n in range(3)]
 schemathesis.openapi.format("pem-certificates", st.sampled_from(_PEMS))
+
+
+def _unique(items: list[Any], key: str) -> list[Any]:
+    seen: set[Any] = set()
+    kept = []
+    for item in items:
+        if not isinstance(item, dict) or item.get(key) not in seen:
+            kept.append(item)
+            seen.add(item.get(key) if isinstance(item, dict) else None)
+    return kept
+
+
+def _unique_members(upstream: Any) -> None:
+    if isinstance(upstream, dict):
+        for members, key in (("servers", "url"), ("instances", "name")):
+            if isinstance(upstream.get(members), list):
+                upstream[members] = _unique(upstream[members], key)
+
+
+@schemathesis.hook
+def map_body(_context: Any, body: Any) -> Any:
+    """With FUZZ_UNIQUE set (positive mode): the uniqueness rules JSON Schema cannot say (server urls and
+    instance names within a group, ingresses within a request), kept as a coordinator's client keeps them."""
+    if not os.environ.get("FUZZ_UNIQUE") or not isinstance(body, dict) or not isinstance(body.get("ingresses"), list):
+        return body
+    ingresses = [i for i in body["ingresses"] if isinstance(i, dict)]
+    for ingress in ingresses:
+        _unique_members(ingress.get("upstream"))
+        if isinstance(ingress.get("canary"), dict):
+            _unique_members(ingress["canary"].get("upstream"))
+    by_key = {(i.get("authority"), i.get("id")): i for i in reversed(ingresses)}
+    body["ingresses"] = list(reversed(by_key.values()))
+    return body

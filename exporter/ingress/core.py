@@ -18,7 +18,7 @@ from .health import HealthCheck
 from .routing import IpStrategy, MiddlewareRef
 from .tls import RouterTls, UpstreamTls
 from .upstreams import AiProxyMultiUpstream, Canary, PluginUpstream, ServersUpstream, Upstream, default_kind
-from .values import Authority, Integer, Cidr, DnsLabel, EntryPoint, HostName, Strict, UrlPath, admitting, drop_unset, shared
+from .values import Authority, Cidr, DnsLabel, EntryPoint, HostName, Integer, Strict, UrlPath, admitting, drop_unset, shared
 
 # Fields added after records were first stored: left out of the canonical JSON while unset, so a
 # stored record keeps its exact bytes (no rewrite on upgrade).

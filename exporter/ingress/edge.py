@@ -24,9 +24,16 @@ Seconds = Annotated[StrictInt | StrictFloat, Field(gt=0, le=86_400, allow_inf_na
 # A path regex is written into Traefik's rule as PathRegexp(`...`) and compiled by Go's RE2:
 # only the syntax RE2 and Python share, and nothing that could end the rule literal (a
 # backtick) or carry a quote, a space or a control character.
-# Past the anchor: the characters allowed, a backslash only before an escape RE2 and Python share.
-_REGEX = "^\\^/([A-Za-z0-9._~/^$()\\[\\]|?*+{},:=@!&-]|\\\\[.dwsDWS/+?*()\\[\\]{}|^$\\\\-])*$"
+# The published form of a path regex, a grammar that always compiles in RE2 and Python alike: after
+# the anchor, literals, the escapes both share and character classes, each optionally quantified by
+# ? * +; groups one level deep; alternation. What the validator accepts beyond it (nested groups,
+# {m,n}) is named in the description.
+_ESCAPE = r"\\[.dwsDWS/+?*()\[\]{}|^$\\-]"
+_ATOM = rf"(([A-Za-z0-9._~/:=@!&,-]|{_ESCAPE}|\[\^?([A-Za-z0-9._~/:=@!&]|{_ESCAPE})+\])[?*+]?|[$^])"
+_REGEX = rf"^\^/({_ATOM}|\((\?:)?({_ATOM}|\|)*\)[?*+]?|\|)*$"
 _REGEX_CHARS = pattern("^[A-Za-z0-9._~/^$()\\[\\]|?*+{},\\\\:=@!&-]+$")
+# Every regex the validator accepts has this form (what a stored ingress may hold).
+REGEX_ACCEPTED = "^\\^/[A-Za-z0-9._~/^$()\\[\\]|?*+{},\\\\:=@!&-]*$"
 _REGEX_ESCAPES = frozenset(".dwsDWS-/+?*()[]{}|^$\\")
 _SEGMENT = "^[A-Za-z0-9._~-]{1,64}$"
 _SEGMENT_RE = pattern(_SEGMENT)
@@ -39,7 +46,8 @@ def _regex(value: str) -> str:
         raise ValueError("may contain only [A-Za-z0-9._~/^$()[]|?*+{},\\:=@!&-]: no backticks, quotes, spaces or control characters")
     if not value.startswith("^/"):
         raise ValueError("must be anchored at the start of the path: begin with '^/'")
-    if "(?" in value.replace("(?:", ""):
+    # Escaped characters stand for themselves: `\(?` is an optional parenthesis, not a group.
+    if "(?" in re.sub(r"\\.", "e", value).replace("(?:", ""):
         raise ValueError("must not use flags, lookarounds or named groups (only (?:...) groups)")
     escaped = re.findall(r"\\(.)", value)
     if any(c not in _REGEX_ESCAPES for c in escaped):
@@ -59,8 +67,9 @@ def _segment(value: str) -> str:
 
 Regex = Annotated[StrictStr, AfterValidator(_regex), Published(
     pattern=_REGEX, maxLength=MAX_REGEX_BYTES,
-    description="anchored (^/...), in the syntax RE2 and Python share: it must compile, with no flags, lookarounds or named groups,"
-    " and escape only . d w s D W S - / + ? * ( ) [ ] { } | ^ $ \\",
+    description="anchored (^/...), in the syntax RE2 and Python share; the pattern is a part of it that always compiles,"
+    " and also accepted are nested groups and {m,n} (what compiles, with no flags, lookarounds or named groups,"
+    " escaping only . d w s D W S - / + ? * ( ) [ ] { } | ^ $ \\)",
 )]
 Segment = Annotated[StrictStr, AfterValidator(_segment), Published(pattern=_SEGMENT, **{"not": {"pattern": "^\\.+$"}})]
 

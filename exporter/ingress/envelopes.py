@@ -7,7 +7,7 @@ from pydantic import Field, field_validator
 from ..keys import IngressRef
 from .bounds import MAX_INGRESSES_PER_REQUEST
 from .core import Ingress
-from .values import Authority, Integer, DnsLabel, Strict
+from .values import Authority, DnsLabel, Integer, Strict
 
 
 class IngressFile(Strict):

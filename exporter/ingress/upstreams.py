@@ -196,7 +196,7 @@ class Canary(Strict):
 
     weight: Integer = Field(ge=1, le=99)
     upstream: Upstream
-    min_ready: Annotated[Integer, Field(ge=1, le=MAX_SERVERS)] | Literal["all"] | None = None
+    min_ready: Annotated[StrictInt, Field(ge=1, le=MAX_SERVERS)] | Literal["all"] | None = None
 
     @model_serializer(mode="wrap")
     def _canonical(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
@@ -206,3 +206,9 @@ class Canary(Strict):
     @classmethod
     def _kind(cls, value: Any) -> Any:
         return default_kind(value)
+
+    @field_validator("min_ready", mode="before")
+    @classmethod
+    def _whole_count(cls, value: Any) -> Any:
+        # Integer's conversion, here outside the union so that its error names stay plain.
+        return int(value) if isinstance(value, float) and value.is_integer() else value

@@ -13,8 +13,8 @@ from urllib.parse import urlsplit
 
 from pydantic import (
     AfterValidator,
-    BeforeValidator,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     GetJsonSchemaHandler,
@@ -235,7 +235,7 @@ def parse_upstream_url(value: str, schemes: tuple[str, ...]) -> tuple[str, str, 
     if simple and simple["scheme"] in schemes and simple["port"][0] != "0" and int(simple["port"]) < 65536:
         # The common case (scheme://ipv4-or-name:port), checked without urlsplit.
         host = simple["host"]
-        if host[0].isdigit() and host.replace(".", "").isdigit():
+        if host.count(".") == 3 and host.replace(".", "").isdigit():
             # Four octets (the pattern), each 0-255 without a leading zero: what ip_address accepts.
             if any(int(octet) > 255 or (octet[0] == "0" and octet != "0") for octet in host.split(".")):
                 raise ValueError(f"{host} is not a valid IP address")

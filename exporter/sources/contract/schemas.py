@@ -14,6 +14,7 @@ from typing import Any
 from pydantic.json_schema import models_json_schema
 
 from ...ingress import RemoveRequest, UpsertRequest
+from ...ingress.edge import REGEX_ACCEPTED
 from ...ingress.values import server_url
 
 Schema = dict[str, Any]
@@ -44,10 +45,22 @@ def ref(name: str) -> Schema:
     return {"$ref": _REF + name}
 
 
+# The bounds pydantic leaves under their own names where a validator wraps an optional integer.
+_BOUNDS = {"ge": "minimum", "le": "maximum", "gt": "exclusiveMinimum", "lt": "exclusiveMaximum"}
+
+
 def _clean(node: Any) -> Any:
-    """pydantic's schema without what only clutters the document: titles and `default: null`."""
+    """pydantic's schema without what only clutters the document (titles, `default: null`), bounds in JSON Schema's words."""
     if isinstance(node, dict):
-        return {k: _clean(v) for k, v in node.items() if not (k == "title" and isinstance(v, str)) and not (k == "default" and v is None)}
+        bounds = {_BOUNDS[k]: node[k] for k in _BOUNDS if k in node}
+        if bounds and "anyOf" in node:
+            # A union of numbers bounded as a whole: each branch carries the bounds.
+            node = {k: v for k, v in node.items() if k not in _BOUNDS}
+            node["anyOf"] = [{**branch, **bounds} for branch in node["anyOf"]]
+        return {
+            _BOUNDS.get(k, k): _clean(v) for k, v in node.items()
+            if not (k == "title" and isinstance(v, str)) and not (k == "default" and v is None)
+        }
     if isinstance(node, list):
         return [_clean(v) for v in node]
     return node
@@ -73,6 +86,7 @@ def model_schemas() -> dict[str, Schema]:
     """Every request model's schema, by model name, with the rules within one model added."""
     _, top = models_json_schema([(UpsertRequest, "validation"), (RemoveRequest, "validation")], ref_template=_REF + "{model}")
     defs: dict[str, Schema] = _clean(top["$defs"])
+    defs["Ingress"]["properties"]["hosts"]["uniqueItems"] = True
     defs["PathRule"]["oneOf"] = [_present(n) for n in ("prefix", "exact", "regex")]
     defs["PathRule"]["properties"]["methods"]["anyOf"][0]["uniqueItems"] = True
     defs["IpStrategy"]["if"] = {"required": ["depth"], "properties": {"depth": {"minimum": 1}}}
@@ -102,6 +116,8 @@ def protocol_schemas(defs: dict[str, Schema]) -> dict[str, Schema]:
     out["TcpIngress"] = _tcp_ingress(fields, defs["HealthCheck"])
     out["Ingress"] = {"oneOf": [ref("HttpIngress"), ref("TcpIngress")], "description": fields.get("description", "")}
     out["StoredIngress"] = _stored(fields)
+    out["StoredPathRule"] = copy.deepcopy(defs["PathRule"])
+    out["StoredPathRule"]["properties"]["regex"]["anyOf"][0]["pattern"] = REGEX_ACCEPTED
     del out["Server"]
     return out
 
@@ -122,7 +138,7 @@ def _http_ingress(fields: Schema) -> Schema:
     out = copy.deepcopy(fields)
     props = out["properties"]
     props["protocol"] = {"const": "http", "default": "http"}
-    props["hosts"].update(minItems=1, uniqueItems=True)
+    props["hosts"]["minItems"] = 1
     props["upstream"] = ref("HttpUpstream")
     props["canary"] = {"anyOf": [ref("HttpCanary"), {"type": "null"}]}
     out["required"] = [*out["required"], "hosts"]
@@ -155,5 +171,9 @@ def _tcp_ingress(fields: Schema, check: Schema) -> Schema:
 def _stored(fields: Schema) -> Schema:
     out = copy.deepcopy(fields)
     out["description"] = "a stored ingress, with what is known of its commit and of Traefik serving it"
+    # As stored, an ingress may hold what new input may no longer combine (docs/ingress.md): only its shape by protocol.
+    out["properties"]["upstream"] = {"anyOf": [ref("HttpUpstream"), ref("TcpServersUpstream")]}
+    out["properties"]["canary"] = {"anyOf": [ref("HttpCanary"), ref("TcpCanary"), {"type": "null"}]}
+    out["properties"]["paths"]["anyOf"][0]["items"] = ref("StoredPathRule")
     out["properties"]["status"] = ref("IngressStatus")
     return out
