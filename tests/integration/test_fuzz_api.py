@@ -10,6 +10,7 @@ printed (FUZZ_SEED replays one); the daemon's output stays JSON lines throughout
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import random
@@ -154,3 +155,33 @@ def test_the_daemons_output_stayed_json_lines(fuzzed: Fuzzed) -> None:
     assert len(lines) > 100
     for line in lines:
         json.loads(line)
+
+
+async def test_models_generated_from_the_published_document_push_and_read_back(fuzzed: Fuzzed) -> None:
+    module = fuzzed.workdir / "coordinator_models.py"
+    subprocess.run(
+        [str(Path(sys.executable).parent / "datamodel-codegen"), "--input", str(REPO / "docs" / "openapi.yaml"),
+         "--input-file-type", "openapi", "--output-model-type", "pydantic_v2.BaseModel", "--output", str(module)],
+        check=True, capture_output=True, timeout=120,
+    )
+    spec = importlib.util.spec_from_file_location("coordinator_models", module)
+    assert spec is not None and spec.loader is not None
+    models = importlib.util.module_from_spec(spec)
+    sys.modules["coordinator_models"] = models
+    spec.loader.exec_module(models)
+    authority = uid("client")
+    ingress = models.HttpIngress(
+        authority=authority, id="chat", revision=1, hosts=["chat.client.test"],
+        upstream=models.HttpUpstream(models.ServersUpstream(servers=[models.HttpServer(url="http://127.0.0.1:9", weight=1)])),
+    )
+    body = models.UpsertRequest(ingresses=[models.Ingress(ingress)]).model_dump_json(exclude_none=True, by_alias=True)
+    with pytest.raises(ValueError):
+        models.HttpServer(url="http://Not_A_Host:80")  # refused by the client, as the daemon would
+    headers = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"}
+    async with aiohttp.ClientSession(headers=headers) as session:
+        async with session.post(f"{fuzzed.url}/v2/ingress/upsert", data=body) as resp:
+            assert resp.status == 204, await resp.text()
+        async with session.get(f"{fuzzed.url}/v2/ingress", params={"authority": authority}) as resp:
+            listed = (await resp.json())["ingresses"]
+    stored = [models.StoredIngress.model_validate(entry) for entry in listed]
+    assert [(s.id, s.revision, s.status.committed_revision > 0) for s in stored] == [("chat", 1, True)]
