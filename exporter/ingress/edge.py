@@ -26,11 +26,16 @@ Seconds = Annotated[StrictInt | StrictFloat, Field(gt=0, le=86_400, allow_inf_na
 # backtick) or carry a quote, a space or a control character.
 # The published form of a path regex, a grammar that always compiles in RE2 and Python alike: after
 # the anchor, literals, the escapes both share and character classes, each optionally quantified by
-# ? * +; groups one level deep; alternation. What the validator accepts beyond it (nested groups,
+# ? * +; groups three deep; alternation. What the validator accepts beyond it (deeper groups,
 # {m,n}) is named in the description.
 _ESCAPE = r"\\[.dwsDWS/+?*()\[\]{}|^$\\-]"
-_ATOM = rf"(([A-Za-z0-9._~/:=@!&,-]|{_ESCAPE}|\[\^?([A-Za-z0-9._~/:=@!&]|{_ESCAPE})+\])[?*+]?|[$^])"
-_REGEX = rf"^\^/({_ATOM}|\((\?:)?({_ATOM}|\|)*\)[?*+]?|\|)*$"
+# A class holds ranges of the three common kinds, single characters and escapes (`-` only in a range).
+_CLASS = rf"\[\^?(a-z|A-Z|0-9|a-f|A-F|[A-Za-z0-9._~/:=@!&,^$|?*+(){{}}]|{_ESCAPE})+\]"
+_ATOM = rf"(([A-Za-z0-9._~/:=@!&,-]|{_ESCAPE}|{_CLASS})[?*+]?|[$^])"
+_GROUP = rf"\((\?:)?({_ATOM}|\|)*\)[?*+]?"
+for _ in range(2):  # groups three deep
+    _GROUP = rf"\((\?:)?({_ATOM}|{_GROUP}|\|)*\)[?*+]?"
+_REGEX = rf"^\^/({_ATOM}|{_GROUP}|\|)*$"
 _REGEX_CHARS = pattern("^[A-Za-z0-9._~/^$()\\[\\]|?*+{},\\\\:=@!&-]+$")
 # Every regex the validator accepts has this form (what a stored ingress may hold).
 REGEX_ACCEPTED = "^\\^/[A-Za-z0-9._~/^$()\\[\\]|?*+{},\\\\:=@!&-]*$"
@@ -68,7 +73,7 @@ def _segment(value: str) -> str:
 Regex = Annotated[StrictStr, AfterValidator(_regex), Published(
     pattern=_REGEX, maxLength=MAX_REGEX_BYTES,
     description="anchored (^/...), in the syntax RE2 and Python share; the pattern is a part of it that always compiles,"
-    " and also accepted are nested groups and {m,n} (what compiles, with no flags, lookarounds or named groups,"
+    " and also accepted are deeper groups and {m,n} (what compiles, with no flags, lookarounds or named groups,"
     " escaping only . d w s D W S - / + ? * ( ) [ ] { } | ^ $ \\)",
 )]
 Segment = Annotated[StrictStr, AfterValidator(_segment), Published(pattern=_SEGMENT, **{"not": {"pattern": "^\\.+$"}})]

@@ -63,6 +63,9 @@ def test_every_ingress_the_model_accepts_the_schema_accepts(data: dict[str, Any]
         ({"tls": {"domains": [{"main": "a.test"}]}}, "domains need a cert_resolver"),
         ({"allowed_client_ips": ["10.0.0.256"]}, "an IP address"),
         ({"revision": 1.5}, "an integer revision"),
+        ({"upstream_tls": {"insecure_skip_verify": True}}, "upstream_tls needs an https server"),
+        ({"upstream_tls": {"insecure_skip_verify": True}, "canary": {"weight": 10, "upstream": {"servers": [{"url": "http://10.0.0.2:80"}]}}},
+         "nor does the canary's http server count"),
     ],
 )
 def test_what_the_model_refuses_the_schema_refuses(change: dict[str, Any], rule: str) -> None:

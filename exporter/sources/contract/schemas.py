@@ -145,9 +145,21 @@ def _http_ingress(fields: Schema) -> Schema:
     out["allOf"] = [
         {"if": _present("allowed_client_ips_strategy"), "then": _present("allowed_client_ips")},
         {"if": {"anyOf": [_present("paths"), _present("profile")]}, "then": {"properties": {"path_prefix": {"const": "/"}}}},
+        {"if": _present("upstream_tls"), "then": _https_somewhere()},
     ]
     props["upstream_tls"]["description"] = "TLS towards the upstream: needs at least one https:// server (upstream or canary)"
     return out
+
+
+def _https_somewhere() -> Schema:
+    """"At least one server of the upstream or of the canary is https://"."""
+    https = {"contains": {"type": "object", "required": ["url"], "properties": {"url": {"pattern": "^https://"}}}}
+    members = {"anyOf": [{"type": "object", "required": [name], "properties": {name: https}} for name in ("servers", "instances")]}
+    canary = {"type": "object", "required": ["upstream"], "properties": {"upstream": members}}
+    return {"anyOf": [
+        {"required": ["upstream"], "properties": {"upstream": members}},
+        {"required": ["canary"], "properties": {"canary": canary}},
+    ]}
 
 
 def _tcp_ingress(fields: Schema, check: Schema) -> Schema:
