@@ -58,7 +58,9 @@ class Daemon:
             self._runners.append(await _serve(api_app, api.listen, api_tls, errors))
             logger.info("push API on {}://{}", "https" if api_tls else "http", api.listen)
         await parts.reconciler.start()
-        self._spawn("etcd-probe", lambda: parts.etcd.probe_while_idle(_PROBE_EVERY))
+        # Silent for half a lease (at least 2 s): not ready, and pushes refused, before the lease is lost.
+        silent_after = max(2.0, self.settings.leader.ttl / 2)
+        self._spawn("etcd-probe", lambda: parts.etcd.probe_while_idle(_PROBE_EVERY, silent_after))
         if parts.observer is not None:
             self._spawn("traefik-observer", parts.observer.run)
         if parts.discovery is not None:

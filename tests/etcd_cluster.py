@@ -30,20 +30,28 @@ def stable_port() -> int:
     raise RuntimeError("no free port below the ephemeral range")
 
 
-def start_cluster(workdir: Path, members: int = 3, timeout: float = 30, binary: str | None = None) -> list[EmbeddedEtcd]:
-    """Start `members` etcd processes (`binary`, default `etcd_binary()`'s) forming one cluster; wait until each is healthy."""
+def start_cluster(
+    workdir: Path, members: int = 3, timeout: float = 30, binary: str | None = None,
+    peers: list[int] | None = None, advertised_peers: list[int] | None = None, extra_args: list[str] | None = None,
+) -> list[EmbeddedEtcd]:
+    """Start `members` etcd processes (`binary`, default `etcd_binary()`'s) forming one cluster; wait until each is healthy.
+
+    Each member listens for peers on `peers` and tells its peers to reach it at `advertised_peers`
+    (the same ports unless given: the campaign puts a link in between).
+    """
     names = [f"m{i}" for i in range(members)]
     clients = [stable_port() for _ in names]
-    peers = [stable_port() for _ in names]
-    initial = ",".join(f"{n}=http://127.0.0.1:{p}" for n, p in zip(names, peers, strict=True))
+    peers = peers or [stable_port() for _ in names]
+    advertised = advertised_peers or peers
+    initial = ",".join(f"{n}=http://127.0.0.1:{p}" for n, p in zip(names, advertised, strict=True))
     started = []
-    for name, client, peer in zip(names, clients, peers, strict=True):
+    for name, client, peer, told in zip(names, clients, peers, advertised, strict=True):
         log = workdir / f"{name}.log"
         args = [
             binary or etcd_binary(), "--name", name, "--data-dir", str(workdir / name),
             "--listen-client-urls", f"http://127.0.0.1:{client}", "--advertise-client-urls", f"http://127.0.0.1:{client}",
-            "--listen-peer-urls", f"http://127.0.0.1:{peer}", "--initial-advertise-peer-urls", f"http://127.0.0.1:{peer}",
-            "--initial-cluster", initial, "--initial-cluster-state", "new", "--log-level", "warn",
+            "--listen-peer-urls", f"http://127.0.0.1:{peer}", "--initial-advertise-peer-urls", f"http://127.0.0.1:{told}",
+            "--initial-cluster", initial, "--initial-cluster-state", "new", "--log-level", "warn", *(extra_args or []),
         ]
         proc = subprocess.Popen(args, stdout=log.open("ab"), stderr=subprocess.STDOUT)
         started.append(EmbeddedEtcd(proc=proc, log=log, client_port=client, args=args))

@@ -173,7 +173,6 @@ class Channels:
                 reply, read = read.result(), None
                 if reply is grpc.aio.EOF:
                     raise self._evidence.failed(EtcdError(f"{method} on {endpoint} ended", unavailable=True))
-                self._evidence.answered()
                 yield cast(Reply, reply)  # what `decode` made of it
         except grpc.aio.AioRpcError as exc:
             code, details = exc.code(), exc.details() or ""

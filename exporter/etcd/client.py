@@ -138,11 +138,13 @@ class EtcdClient:
         """The current revision of the store."""
         return await self._kv.revision()
 
-    async def probe_while_idle(self, every: float) -> None:
+    async def probe_while_idle(self, every: float, silent_after: float) -> None:
         """Ask etcd for its revision whenever it has been quiet for `every` seconds, forever.
 
-        Reachability must see an outage also while nothing is written (readiness reads it).
+        Reachability must see an outage also while nothing is written (readiness reads it): etcd
+        silent for `silent_after` seconds meanwhile counts as unreachable.
         """
+        self._evidence.silent_after = silent_after
         while True:
             await asyncio.sleep(every / 2)
             if self.idle_for() >= every:
@@ -183,7 +185,6 @@ class EtcdClient:
                 if resp.status != 200:
                     raise EtcdError(error_text(await resp.read(), resp.status), status=resp.status)
                 while line := await resp.content.readline(max_line_length=_MAX_WATCH_LINE):
-                    gateway.answered()
                     if events := _watch_events(line):
                         yield events
         except (TimeoutError, aiohttp.ClientError, OSError) as exc:

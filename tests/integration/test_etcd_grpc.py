@@ -7,6 +7,8 @@ bytes, no answer: tests/campaign/link.py); the second is the same etcd, direct.
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import AsyncIterator
 
 import pytest
@@ -15,7 +17,7 @@ from exporter.embedded import EmbeddedEtcd, free_port
 from exporter.errors import EtcdError
 from exporter.etcd.client import EtcdClient
 from exporter.etcd.types import Compare, Op
-from tests.campaign.link import Link
+from tests.campaign.link import UP, Link
 from tests.helpers import uid
 
 pytestmark = pytest.mark.integration
@@ -56,3 +58,23 @@ async def test_a_transaction_that_never_left_goes_to_the_next_endpoint(etcd: Emb
     written = await etcd_client.get(key)
     assert written is not None and written.value == "once" and written.mod_revision == written.create_revision
     await etcd_client.delete(key)
+
+
+async def test_etcd_that_stops_answering_is_unreachable_before_any_request_times_out(link: Link) -> None:
+    async with EtcdClient([link.url], timeout=30.0) as client:
+        probe = asyncio.create_task(client.probe_while_idle(0.2, silent_after=1.0))
+        try:
+            await client.revision()
+            assert client.reachability().reachable is True
+            link.partition(frozenset({UP}))  # the requests are held; no reply comes, no error either
+            deadline = time.monotonic() + 10
+            while client.reachability().reachable is not False:
+                assert time.monotonic() < deadline, "still reachable, 10 s into the silence"
+                await asyncio.sleep(0.05)
+            assert "no answer for" in (client.reachability().error or "")
+            link.heal()
+            while client.reachability().reachable is not True:
+                assert time.monotonic() < deadline + 30, "still unreachable after the heal"
+                await asyncio.sleep(0.05)
+        finally:
+            probe.cancel()
