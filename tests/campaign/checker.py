@@ -27,6 +27,9 @@ a sentence, and a violation names the ingress and the slice of the history that 
    servers, every removed host 404.
 6. Every sidecar is ready and exactly one leads.
 7. No sidecar's RSS grew by more than the bound across the run.
+8. Every `/v1/mirror` sample equals etcd read at the sample's revision.
+
+Rules 9 to 12, on the faults of links, disks and membership, are in fault_rules.py.
 """
 
 from __future__ import annotations
@@ -35,76 +38,17 @@ import bisect
 import json
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
 
 from tests.replay import dangling, owner_of, touched_views
 
+from . import fault_rules
+from .history import Fault, History, Look, Request, Stored, Violation, definite
 
-@dataclass(frozen=True)
-class Request:
-    """One request as a client saw it: what it asked, when, and what it got (status 0: no answer)."""
-
-    client: str
-    op: str  # "upsert" | "remove"
-    ingress: str  # "<authority>/<id>"
-    revision: int | None
-    invoked: float
-    completed: float
-    status: int
-    batch: int = 0  # requests of one call share it (0: alone); a call answers for all its ingresses at once
-    refused_by: int | None = None  # a 409's `stored_revision`
-
-
-@dataclass(frozen=True)
-class Stored:
-    """What etcd holds for an ingress at the end: its record's revision, whether it is a tombstone,
-    whether a Traefik serves its root, and what its servers answer (their names)."""
-
-    revision: int
-    removed: bool = False
-    served: bool = True
-    bodies: frozenset[str] = frozenset()
-
-
-def definite(status: int) -> bool:
-    """An answer that says what happened: 2xx or 4xx. Without one (0: no answer, 5xx) a request may have committed."""
-    return 200 <= status < 500
-
-
-@dataclass
-class History:
-    """Everything the checker reads."""
-
-    requests: list[Request] = field(default_factory=list)
-    final: dict[str, Stored] = field(default_factory=dict)
-    # etcd revisions in order: each the keys it put (value) or deleted (None)
-    etcd: list[tuple[int, dict[str, str | None]]] = field(default_factory=list)
-    roots: list[str] = field(default_factory=list)
-    records_prefix: str = ""
-    diff_exit: dict[str, int] = field(default_factory=dict)  # roots -> `diff` exit code
-    served: dict[str, dict[str, tuple[int, str]]] = field(default_factory=dict)  # traefik -> host -> (status, body)
-    ready: dict[str, int] = field(default_factory=dict)  # sidecar -> /readyz status
-    leading: dict[str, bool] = field(default_factory=dict)  # sidecar -> leads
-    rss: dict[str, list[float]] = field(default_factory=dict)  # sidecar -> MB samples, in order
-    rss_growth_bound: float = 100.0
-    # `/v1/mirror` samples: (sidecar, revision, its digest, the digest of etcd read at that revision)
-    mirrors: list[tuple[str, int, str, str]] = field(default_factory=list)
-
-
-@dataclass(frozen=True)
-class Violation:
-    """One broken rule: which, about what, and the history that shows it."""
-
-    rule: int
-    subject: str
-    detail: str
-
-    def __str__(self) -> str:
-        return f"rule {self.rule} ({self.subject}): {self.detail}"
+__all__ = ["Fault", "History", "Look", "Request", "Stored", "Violation", "check", "definite"]
 
 
 def check(history: History) -> list[Violation]:
-    """Every violation of the eight rules in `history` (empty: it holds)."""
+    """Every violation of the twelve rules in `history` (empty: it holds; rules 9 to 12: fault_rules.py)."""
     return [
         *acknowledged_kept(history.requests, history.final),
         *durable_when_answered(history.requests, history.etcd, history.records_prefix),
@@ -115,6 +59,11 @@ def check(history: History) -> list[Violation]:
         *ready_and_one_leader(history.ready, history.leading),
         *rss_bounded(history.rss, history.rss_growth_bound),
         *mirrors_equal_etcd(history.mirrors),
+        *fault_rules.no_acknowledgement_without_quorum(history.requests, history.faults),
+        *fault_rules.not_ready_named(history.faults, history.looks, history.leader_ttl),
+        *(fault_rules.leader_documents(history.etcd, history.election_key, history.health_prefix, history.election_holder)
+          if history.election_key else []),
+        *fault_rules.mirrors_caught_up(history.faults, history.looks, history.etcd, history.mirror_prefixes),
     ]
 
 

@@ -1,9 +1,10 @@
 """The faults of a campaign, drawn at random from a seed and overlapping.
 
 Each fault acts, holds for a drawn time (or until the campaign ends) and heals. They overlap
-within bounds that keep the system able to make progress: at most one etcd member down (a
+within bounds that keep the system able to make progress: at most one etcd member impaired (a
 quorum stays), at most two of the three sidecars impaired at once, one fault at a time per
-Traefik, per backend and per foreign key.
+Traefik, per backend, per foreign key and for the database quota. The faults of the links and of
+etcd's disk and membership are in link_faults.py and etcd_faults.py.
 """
 
 from __future__ import annotations
@@ -15,47 +16,46 @@ import signal
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Coroutine
-from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
 
 from exporter.etcd.types import b64
 
+from . import etcd_faults, link_faults
+from .history import Fault
 from .recorder import Recorder
 from .world import LEADER_TTL, ROOT, Sidecar, World
 
 FOREIGN_DECODABLE = f"{ROOT}/http/middlewares/campaign-foreign/headers/customResponseHeaders/X-Foreign"
 FOREIGN_FREEZING = f"{ROOT}/http/routers/campaign-foreign/priority"
 
-
-@dataclass(frozen=True)
-class Fault:
-    """One fault as it happened: what, on whom, from when to when (seconds into the run)."""
-
-    kind: str
-    target: str
-    start: float
-    end: float
+# How often each kind is drawn, relative to the others: the crash faults give some of their time
+# to the faults of links, disks and membership.
+WEIGHTS = {
+    "sidecar-kill": 1.0, "leader-stop": 1.0, "etcd-kill": 0.7, "traefik-restart": 0.5, "foreign-key": 0.4,
+    "freezing-key": 0.4, "compaction": 0.5, "backend-flap": 1.0, "partition": 1.5, "member-cut": 1.2,
+    "leader-isolate": 0.8, "latency": 1.2, "nospace": 0.4, "member-replace": 0.4,
+}
+KINDS = tuple(WEIGHTS)
 
 
 class Faults:
-    """Draws faults until the workload stops; `done` lists them."""
+    """Draws faults of `kinds` until the workload stops; `done` lists them."""
 
-    KINDS = ("sidecar-kill", "leader-stop", "etcd-kill", "traefik-restart", "foreign-key", "freezing-key",
-             "compaction", "backend-flap", "partition")
-
-    def __init__(self, world: World, http: aiohttp.ClientSession, recorder: Recorder, seed: int, started: float) -> None:
+    def __init__(self, world: World, http: aiohttp.ClientSession, recorder: Recorder, seed: int, started: float,
+                 kinds: tuple[str, ...] = KINDS) -> None:
         self.world, self.http, self.recorder = world, http, recorder
         self.rng = random.Random(seed)
         self.started = started
+        self.kinds = kinds
         self.done: list[Fault] = []
         self.counts: Counter[str] = Counter()
         self.skipped: Counter[str] = Counter()  # drawn while its target was impaired already
         self.ending = asyncio.Event()
-        self._sidecars = asyncio.Semaphore(2)
-        self._member = asyncio.Lock()
-        self._busy: set[str] = set()
+        self.sidecars = asyncio.Semaphore(2)
+        self.member = asyncio.Lock()  # one etcd member impaired at a time
+        self.busy: set[str] = set()
         self._tasks: list[asyncio.Task[None]] = []
 
     def now(self) -> float:
@@ -64,50 +64,64 @@ class Faults:
     async def run(self, mean_gap: float) -> None:
         """Start a fault every `mean_gap` seconds on average until `heal` is called."""
         acts: dict[str, Callable[[], Coroutine[Any, Any, None]]] = {
-            "sidecar-kill": self._sidecar_kill, "leader-stop": self._leader_stop, "etcd-kill": self._etcd_kill,
-            "traefik-restart": self._traefik_restart, "foreign-key": self._foreign_key, "freezing-key": self._freezing_key,
-            "compaction": self._compaction, "backend-flap": self._backend_flap, "partition": self._partition,
+            "sidecar-kill": self._sidecar_kill, "leader-stop": self._leader_stop,
+            "etcd-kill": lambda: etcd_faults.etcd_kill(self), "traefik-restart": self._traefik_restart,
+            "foreign-key": self._foreign_key, "freezing-key": self._freezing_key,
+            "compaction": lambda: etcd_faults.compaction(self), "backend-flap": self._backend_flap,
+            "partition": lambda: link_faults.partition(self), "member-cut": lambda: link_faults.member_cut(self),
+            "leader-isolate": lambda: link_faults.leader_isolate(self), "latency": lambda: link_faults.latency(self),
+            "nospace": lambda: etcd_faults.nospace(self), "member-replace": lambda: etcd_faults.member_replace(self),
         }
+        weights = [WEIGHTS[kind] for kind in self.kinds]
         while not self.ending.is_set():
-            await self._hold(self.rng.expovariate(1 / mean_gap))
+            await self.hold(self.rng.expovariate(1 / mean_gap))
             if not self.ending.is_set():
-                self._tasks.append(asyncio.create_task(acts[self.rng.choice(self.KINDS)]()))
+                self._tasks.append(asyncio.create_task(acts[self.rng.choices(self.kinds, weights)[0]]()))
 
     async def heal(self) -> None:
         """Stop drawing; every running fault heals now."""
         self.ending.set()
         await asyncio.gather(*self._tasks)
 
-    async def _hold(self, seconds: float) -> None:
+    async def hold(self, seconds: float) -> None:
         """Sleep `seconds`, or less once the campaign ends."""
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self.ending.wait(), seconds)
 
-    def _record(self, kind: str, target: str, start: float) -> None:
-        self.done.append(Fault(kind, target, start, self.now()))
+    async def record(self, kind: str, target: str, start: float, mode: str = "") -> None:
+        """A fault healed: when, and etcd's revision once it had (what the sidecars must catch up to)."""
+        end = self.now()
+        try:
+            answer = await self.world.gateway(self.http, "/v3/kv/range", {"key": b64("campaign/marker")})
+            revision = int(answer.get("header", {}).get("revision", 0))
+        except RuntimeError:
+            revision = 0
+        self.done.append(Fault(kind, target, start, end, mode, revision))
         self.counts[kind] += 1
 
-    async def _pick_sidecar(self, leader_half: bool = True) -> Sidecar | None:
+    async def pick_sidecar(self, leader_half: bool = True) -> Sidecar | None:
         """The leader half the time, else any; None when that one is impaired already."""
         leader = await self.world.leader(self.http) if leader_half and self.rng.random() < 0.5 else None
         sidecar = leader or self.rng.choice(self.world.sidecars)
-        return None if sidecar.name in self._busy else sidecar
+        return None if sidecar.name in self.busy else sidecar
 
-    async def _on_sidecar(self, kind: str, sidecar: Sidecar | None, act: Callable[[Sidecar], Awaitable[None]],
-                          undo: Callable[[Sidecar], Awaitable[None]], seconds: float) -> None:
-        if sidecar is None or self._sidecars.locked():
+    async def on_sidecar(self, kind: str, sidecar: Sidecar | None, act: Callable[[Sidecar], Awaitable[None]],
+                         undo: Callable[[Sidecar], Awaitable[None]], seconds: float, mode: str = "") -> None:
+        """`act` on `sidecar`, hold, `undo`: within the bound of two sidecars impaired at once."""
+        if sidecar is None or self.sidecars.locked():
             self.skipped[kind] += 1
             return
-        async with self._sidecars:
-            self._busy.add(sidecar.name)
+        async with self.sidecars:
+            self.busy.add(sidecar.name)
             start = self.now()
             try:
                 await act(sidecar)
-                await self._hold(seconds)
+                start = self.now()  # once in effect: what a sidecar answers from now on is judged under it
+                await self.hold(seconds)
             finally:
                 await undo(sidecar)
-                self._busy.discard(sidecar.name)
-                self._record(kind, sidecar.name, start)
+                self.busy.discard(sidecar.name)
+                await self.record(kind, sidecar.name, start, mode)
 
     async def _sidecar_kill(self) -> None:
         async def kill(s: Sidecar) -> None:
@@ -116,7 +130,7 @@ class Faults:
         async def restart(s: Sidecar) -> None:
             s.start()
 
-        await self._on_sidecar("sidecar-kill", await self._pick_sidecar(), kill, restart, self.rng.uniform(0.5, 5))
+        await self.on_sidecar("sidecar-kill", await self.pick_sidecar(), kill, restart, self.rng.uniform(0.5, 5))
 
     async def _leader_stop(self) -> None:
         async def stop(s: Sidecar) -> None:
@@ -126,51 +140,23 @@ class Faults:
             s.signal(signal.SIGCONT)
 
         leader = await self.world.leader(self.http)
-        await self._on_sidecar("leader-stop", leader if leader and leader.name not in self._busy else None, stop, cont,
+        await self.on_sidecar("leader-stop", leader if leader and leader.name not in self.busy else None, stop, cont,
                                self.rng.uniform(LEADER_TTL + 1, LEADER_TTL + 4))
 
-    async def _partition(self) -> None:
-        async def cut(s: Sidecar) -> None:
-            for link in s.links:
-                link.partition()
-
-        async def heal(s: Sidecar) -> None:
-            for link in s.links:
-                link.heal()
-
-        await self._on_sidecar("partition", await self._pick_sidecar(), cut, heal, self.rng.uniform(1, LEADER_TTL + 4))
-
-    async def _etcd_kill(self) -> None:
-        if self._member.locked():
-            self.skipped["etcd-kill"] += 1
-            return
-        async with self._member:
-            leader = self.world.raft_leader() if self.rng.random() < 0.5 else None
-            member = leader or self.rng.choice(self.world.members)
-            name = f"{'raft leader ' if leader else ''}{member.client_port}"
-            start = self.now()
-            member.proc.kill()
-            await asyncio.to_thread(member.proc.wait)
-            try:
-                await self._hold(self.rng.uniform(0.5, 5))
-            finally:
-                await asyncio.to_thread(member.restart)
-                self._record("etcd-kill", name, start)
-
-    async def _exclusive(self, kind: str, target: str, act: Callable[[], Awaitable[None]], undo: Callable[[], Awaitable[None]],
+    async def exclusive(self, kind: str, target: str, act: Callable[[], Awaitable[None]], undo: Callable[[], Awaitable[None]],
                          seconds: float) -> None:
-        if target in self._busy:
+        if target in self.busy:
             self.skipped[kind] += 1
             return
-        self._busy.add(target)
+        self.busy.add(target)
         start = self.now()
         try:
             await act()
-            await self._hold(seconds)
+            await self.hold(seconds)
         finally:
             await undo()
-            self._busy.discard(target)
-            self._record(kind, target, start)
+            self.busy.discard(target)
+            await self.record(kind, target, start)
 
     async def _traefik_restart(self) -> None:
         traefik = self.rng.choice(self.world.traefiks)
@@ -181,31 +167,25 @@ class Faults:
         async def start() -> None:
             await asyncio.to_thread(traefik.start)
 
-        await self._exclusive("traefik-restart", traefik.name, stop, start, self.rng.uniform(0, 2))
+        await self.exclusive("traefik-restart", traefik.name, stop, start, self.rng.uniform(0, 2))
 
     async def _backend_flap(self) -> None:
-        if any(b.name in self._busy for b in self.world.backends):
+        if any(b.name in self.busy for b in self.world.backends):
             self.skipped["backend-flap"] += 1  # one down at a time: every ingress keeps a server
             return
         backend = self.rng.choice(self.world.backends)
         async def start() -> None:
             await backend.start()
 
-        await self._exclusive("backend-flap", backend.name, backend.stop, start, self.rng.uniform(1, 6))
+        await self.exclusive("backend-flap", backend.name, backend.stop, start, self.rng.uniform(1, 6))
 
     async def _foreign_key(self) -> None:
-        await self._exclusive("foreign-key", FOREIGN_DECODABLE, lambda: self._put(FOREIGN_DECODABLE, "yes"),
+        await self.exclusive("foreign-key", FOREIGN_DECODABLE, lambda: self._put(FOREIGN_DECODABLE, "yes"),
                               lambda: self._delete(FOREIGN_DECODABLE), self.rng.uniform(1, 8))
 
     async def _freezing_key(self) -> None:
-        await self._exclusive("freezing-key", FOREIGN_FREEZING, lambda: self._put(FOREIGN_FREEZING, "abc"),
+        await self.exclusive("freezing-key", FOREIGN_FREEZING, lambda: self._put(FOREIGN_FREEZING, "abc"),
                               lambda: self._delete(FOREIGN_FREEZING), self.rng.uniform(0.5, 4))
-
-    async def _compaction(self) -> None:
-        # Up to what the recorder has read: the history stays whole.
-        start = self.now()
-        await self.world.gateway(self.http, "/v3/kv/compaction", {"revision": str(self.recorder.seen)})
-        self._record("compaction", str(self.recorder.seen), start)
 
     async def _put(self, key: str, value: str) -> None:
         await self.world.gateway(self.http, "/v3/kv/put", {"key": b64(key), "value": b64(value)})

@@ -10,6 +10,7 @@ import contextlib
 import hashlib
 import json
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,7 @@ import aiohttp
 
 from exporter.etcd.types import b64, b64_range_end, unb64
 
-from .checker import History, Stored, Violation, ready_and_one_leader, served_exactly
+from .checker import History, Look, Stored, Violation, ready_and_one_leader, served_exactly
 from .world import AUTHORITIES, RECORDS, World, root_of
 
 
@@ -169,3 +170,25 @@ async def etcd_digest(http: aiohttp.ClientSession, world: World, revision: int, 
         digest.update(base64.b64decode(kv["key"]) + b"\0" + base64.b64decode(kv.get("value", "")) + b"\0"
                       + str(kv["mod_revision"]).encode() + b"\n")
     return digest.hexdigest()
+
+
+async def sample_looks(http: aiohttp.ClientSession, world: World, started: float, looks: list[Look], prefixes: list[str],
+                       stop: asyncio.Event) -> None:
+    """Each sidecar's /readyz and /v1/mirror revision every half second while the faults run (rules 10
+    and 12); `prefixes` gets the mirror's."""
+    while not stop.is_set():
+        for sidecar in world.sidecars:
+            ready, reasons, revision = 0, "", 0
+            try:
+                async with http.get(f"{sidecar.control}/readyz", timeout=aiohttp.ClientTimeout(total=1)) as resp:
+                    ready, reasons = resp.status, " ".join((await resp.json()).get("reasons", []))
+                async with http.get(f"{sidecar.control}/v1/mirror", timeout=aiohttp.ClientTimeout(total=1)) as resp:
+                    if resp.status == 200:
+                        found = await resp.json()
+                        revision = int(found["revision"])
+                        prefixes[:] = prefixes or [str(p) for p in found["prefixes"]]
+            except (aiohttp.ClientError, TimeoutError, ValueError):
+                pass  # down or stopped by a fault: what was seen is kept
+            looks.append(Look(time.monotonic() - started, sidecar.name, ready, reasons, revision))
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), 0.5)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from tests.campaign.checker import History, Request, Stored, check, conflicts_with_cause
+from tests.campaign.checker import Fault, History, Look, Request, Stored, check, conflicts_with_cause
 
 ROOT = "traefik/worker_c"
 RECORDS = "records"
@@ -203,3 +203,56 @@ def test_a_sidecar_whose_mirror_differs_from_etcd_at_its_revision_breaks_rule_8(
     history.mirrors.append(("s2", 3, "ee00", "ab12"))  # at revision 3 it holds what etcd never held there
     assert rules(history) == [8]
     assert str(check(history)[0]) == "rule 8 (s2): /v1/mirror at revision 3 has digest ee00, etcd read there ab12"
+
+
+def partitioned(history: History, sidecar: str = "s1", start: float = 10, end: float = 18, revision: int = 3) -> History:
+    history.faults.append(Fault("partition", sidecar, start, end, "cut", revision))
+    history.looks += [Look(start + 0.5 * n, sidecar, 200 if n < 3 else 503, "" if n < 3 else "etcd unreachable: no answer", 0)
+                      for n in range(int((end - start) * 2))]
+    history.looks += [Look(end + 0.5 * n, sidecar, 200, "", 3) for n in range(12)]
+    return history
+
+
+def test_a_partitioned_sidecar_that_answers_204_breaks_rule_9() -> None:
+    history = partitioned(clean())
+    assert check(history) == []
+    history.requests.append(Request("a", "upsert", "c/x", 2, 11, 11.2, 204, sidecar="s1"))
+    assert check(history) == []  # revision 2 was acknowledged before: answered from what it holds
+    history.requests.append(Request("a", "upsert", "c/x", 3, 12, 12.2, 204, sidecar="s1"))
+    history.final["c/x"] = Stored(3, bodies=frozenset({"b1"}))
+    history.etcd.append((4, {f"{RECORDS}/c/x": record(3)}))
+    assert rules(history) == [9]
+    history.requests[-1] = Request("a", "upsert", "c/x", 3, 12, 18.5, 204, sidecar="s1")  # answered after the heal
+    assert check(history) == []
+
+
+def test_a_partitioned_sidecar_that_stays_ready_breaks_rule_10() -> None:
+    history = partitioned(clean())
+    history.looks = [look if look.at >= 18 else Look(look.at, look.sidecar, 200, "", 0) for look in history.looks]
+    assert rules(history) == [10]
+    short = partitioned(clean(), end=13)  # shorter than TTL + 2 s: not judged
+    short.looks = [look if look.at >= 13 else Look(look.at, look.sidecar, 200, "", 0) for look in short.looks]
+    assert check(short) == []
+
+
+def test_a_health_document_from_a_deposed_leader_breaks_rule_11() -> None:
+    history = clean()
+    history.election_key, history.health_prefix = "records.leader", "records.health"
+    doc = json.dumps({"leader": "s1", "at": 1})
+    history.election_holder = "s1"
+    history.etcd += [(5, {"records.health/c/x": doc}), (6, {"records.leader": None}), (7, {"records.leader": "s2"})]
+    assert check(history) == []
+    history.etcd.append((8, {"records.health/c/x": doc}))
+    [violation] = check(history)
+    assert violation.rule == 11 and "revision 8 by 's1', while 's2' held" in violation.detail
+
+
+def test_a_mirror_that_never_catches_up_after_a_heal_breaks_rule_12() -> None:
+    history = partitioned(clean())
+    history.mirror_prefixes = [RECORDS]
+    assert check(history) == []
+    history.looks = [look if look.at < 18 else Look(look.at, look.sidecar, 200, "", 2) for look in history.looks]
+    [violation] = check(history)
+    assert violation.rule == 12 and "etcd at 3" in violation.detail
+    history.faults.append(Fault("etcd-kill", "m0", 17, 20))  # etcd itself was impaired meanwhile: not judged
+    assert check(history) == []

@@ -22,7 +22,7 @@ from typing import Any
 import aiohttp
 
 from .checker import Request
-from .world import AUTHORITIES, TOKEN, World
+from .world import AUTHORITIES, TOKEN, Sidecar, World
 
 HEADERS = {"Authorization": f"Bearer {TOKEN}"}
 HEALTH = {"enable": True, "interval": 0.5, "max_retries": 2, "max_wait_time": 0.5, "initial_delay": 0}
@@ -112,8 +112,7 @@ class Workload:
             elif kind == "twice":
                 items = [self._upsert(rng, ingress, self._next(ingress))]
                 first, second = rng.sample(self.world.sidecars, 2)
-                await asyncio.gather(self._one(name, "upsert", items, first.api, 10.0),
-                                     self._one(name, "upsert", items, second.api, 10.0))
+                await asyncio.gather(self._one(name, "upsert", items, first, 10.0), self._one(name, "upsert", items, second, 10.0))
             else:
                 await self._send(name, rng, "upsert", [self._upsert(rng, ingress, self._next(ingress))], retry=True)
 
@@ -121,17 +120,17 @@ class Workload:
         """Send to a random sidecar; one in five with a short timeout; a request without an answer
         is sent again (the same body) to another sidecar, up to three times in all."""
         for _ in range(3):
-            api = rng.choice(self.world.sidecars).api
+            sidecar = rng.choice(self.world.sidecars)
             timeout = rng.choice((0.3, 10.0, 10.0, 10.0, 10.0))
-            status = await self._one(name, op, items, api, timeout)
+            status = await self._one(name, op, items, sidecar, timeout)
             if status != 0 or not retry:
                 return
 
-    async def _one(self, name: str, op: str, items: list[Item], api: str, timeout: float) -> int:
+    async def _one(self, name: str, op: str, items: list[Item], sidecar: Sidecar, timeout: float) -> int:
         invoked = self.now()
         status, refused_by = 0, None
         try:
-            async with self.http.post(f"{api}/v2/ingress/{op}", json={"ingresses": [i.body for i in items]}, headers=HEADERS,
+            async with self.http.post(f"{sidecar.api}/v2/ingress/{op}", json={"ingresses": [i.body for i in items]}, headers=HEADERS,
                                       timeout=aiohttp.ClientTimeout(total=timeout)) as resp:
                 body = await resp.read()
                 status = resp.status
@@ -141,6 +140,6 @@ class Workload:
             await asyncio.sleep(0.05)  # a refused connection answers at once: don't spin on a dead sidecar
         completed = self.now()
         self.calls += 1
-        self.requests.extend(Request(name, op, i.ingress, i.revision, invoked, completed, status, self.calls, refused_by)
+        self.requests.extend(Request(name, op, i.ingress, i.revision, invoked, completed, status, self.calls, refused_by, sidecar.name)
                              for i in items)
         return status

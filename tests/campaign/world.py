@@ -1,11 +1,13 @@
-"""Everything a campaign runs: a 3-member etcd cluster, two Traefiks, three sidecars on one root
-(each cut off etcd through its own links), and real HTTP backends, on stable loopback ports so
-that each can be killed and started again where it was."""
+"""Everything a campaign runs: a 3-member etcd cluster (each member reached by its peers through a
+link of its own), two Traefiks, three sidecars on one root (each reaching etcd through links of
+its own), and real HTTP backends, on stable loopback ports so that each can be killed and started
+again where it was."""
 
 from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -27,6 +29,7 @@ AUTHORITIES = ("ca", "cb")  # the sidecars' root and a second one
 ROOT = "traefik/worker_ca"
 RECORDS = "traefik-etcd-exporter/records"
 LEADER_TTL = 3
+QUOTA_BYTES = 64 * 2**20  # etcd's backend quota: small, so that the nospace fault fills it in seconds
 
 
 def root_of(authority: str) -> str:
@@ -140,6 +143,8 @@ class World:
         self.etcd_binary = etcd_binary
         self.command = sidecar_command or [sys.executable, "-m", "exporter"]
         self.members: list[EmbeddedEtcd] = []
+        self.peer_links: list[Link] = []  # each member's peers reach it through its own
+        self.member_ids: list[str] = []  # raft ids in hex, as a peer names itself on its requests
         self.traefiks: list[Traefik] = []
         self.sidecars: list[Sidecar] = []
         self.backends = [Backend(f"backend-{n}", port=stable_port()) for n in range(backends)]
@@ -150,7 +155,15 @@ class World:
 
     async def start(self, http: aiohttp.ClientSession) -> None:
         """Bring everything up and wait until every sidecar is ready and one leads."""
-        self.members = await asyncio.to_thread(start_cluster, self.workdir, binary=self.etcd_binary)
+        peers = [stable_port() for _ in range(3)]
+        self.peer_links = [Link(stable_port(), port) for port in peers]
+        for link in self.peer_links:
+            await link.start()
+        self.members = await asyncio.to_thread(
+            start_cluster, self.workdir, binary=self.etcd_binary, peers=peers, advertised_peers=[link.port for link in self.peer_links],
+            extra_args=["--quota-backend-bytes", str(QUOTA_BYTES)],
+        )
+        await self.learn_member_ids(http)
         for backend in self.backends:
             await backend.start()
         joined = ",".join(url.removeprefix("http://") for url in self.endpoints)
@@ -211,11 +224,12 @@ class World:
         leading = await self.leading(http)
         return next((s for s in self.sidecars if leading.get(s.name)), None)
 
-    async def gateway(self, http: aiohttp.ClientSession, path: str, body: dict[str, Any]) -> dict[str, Any]:
-        """One call to etcd's gateway through any member that answers (one may be down), its JSON answer."""
+    async def gateway(self, http: aiohttp.ClientSession, path: str, body: dict[str, Any],
+                      avoid: EmbeddedEtcd | None = None) -> dict[str, Any]:
+        """One call to etcd's gateway through any member that answers (one may be down) but `avoid`, its JSON answer."""
         for _ in range(40):
             for member in self.members:
-                if member.proc.poll() is not None:
+                if member.proc.poll() is not None or member is avoid:
                     continue
                 try:
                     async with http.post(member.url + path, json=body, timeout=aiohttp.ClientTimeout(total=3)) as resp:
@@ -226,6 +240,34 @@ class World:
                     continue
             await asyncio.sleep(0.25)
         raise RuntimeError(f"no etcd member answered {path}")
+
+    async def member_list(self, http: aiohttp.ClientSession, avoid: EmbeddedEtcd | None = None) -> list[dict[str, Any]]:
+        """etcd's members as it lists them (ID, name, peerURLs)."""
+        members: list[dict[str, Any]] = (await self.gateway(http, "/v3/cluster/member/list", {}, avoid))["members"]
+        return members
+
+    async def learn_member_ids(self, http: aiohttp.ClientSession) -> None:
+        """Each member's raft id, found by the peer port it advertises (its link's)."""
+        by_port = {int(m["peerURLs"][0].rsplit(":", 1)[1]): format(int(m["ID"]), "x") for m in await self.member_list(http)}
+        self.member_ids = [by_port.get(link.port, "") for link in self.peer_links]
+
+    async def replace_member(self, http: aiohttp.ClientSession, index: int) -> None:
+        """As a StatefulSet roll with a lost volume does it: `member remove`, its data wiped, `member add`,
+        and the member started again on the same ports with a fresh data dir, joining the existing cluster."""
+        member, link = self.members[index], self.peer_links[index]
+        await self.gateway(http, "/v3/cluster/member/remove", {"ID": str(int(self.member_ids[index], 16))}, avoid=member)
+        await asyncio.to_thread(member.stop)
+        data = member.args[member.args.index("--data-dir") + 1]
+        await asyncio.to_thread(shutil.rmtree, data, True)
+        added = await self.gateway(http, "/v3/cluster/member/add", {"peerURLs": [link.url]}, avoid=member)
+        name = member.args[member.args.index("--name") + 1]
+        cluster = ",".join(f"{m.get('name') or name}={m['peerURLs'][0]}" for m in added["members"])
+        args = list(member.args)
+        args[args.index("--initial-cluster") + 1] = cluster
+        args[args.index("--initial-cluster-state") + 1] = "existing"
+        member.args = args
+        await asyncio.to_thread(member.restart, 60)
+        await self.learn_member_ids(http)
 
     def raft_leader(self) -> EmbeddedEtcd | None:
         """The etcd member that is the raft leader, if one answers."""
@@ -245,3 +287,5 @@ class World:
             await backend.stop()
         for member in self.members:
             await asyncio.to_thread(member.stop)
+        for link in self.peer_links:
+            await link.close()

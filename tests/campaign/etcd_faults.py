@@ -1,0 +1,97 @@
+"""The campaign's faults of etcd itself: a member killed, a compaction, the database quota filled
+(NOSPACE under load), and a member replaced with a fresh data dir, as a StatefulSet roll with a
+lost volume does it."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import TYPE_CHECKING
+
+from exporter.etcd.types import b64
+
+if TYPE_CHECKING:
+    from .faults import Faults
+
+FILLER = "campaign/filler"  # the recorder keeps no values under campaign/
+FILLER_BYTES = 2**20
+
+
+async def etcd_kill(f: Faults) -> None:
+    """SIGKILL a member (the raft leader half the time), restart it after 0.5-5 s."""
+    if f.member.locked():
+        f.skipped["etcd-kill"] += 1
+        return
+    async with f.member:
+        leader = f.world.raft_leader() if f.rng.random() < 0.5 else None
+        member = leader or f.rng.choice(f.world.members)
+        name = f"{'raft leader ' if leader else ''}{member.client_port}"
+        start = f.now()
+        member.proc.kill()
+        await asyncio.to_thread(member.proc.wait)
+        try:
+            await f.hold(f.rng.uniform(0.5, 5))
+        finally:
+            await asyncio.to_thread(member.restart)
+            await f.record("etcd-kill", name, start)
+
+
+async def compaction(f: Faults) -> None:
+    """Compact up to what the recorder has read: the history stays whole."""
+    start = f.now()
+    await f.world.gateway(f.http, "/v3/kv/compaction", {"revision": str(f.recorder.seen)})
+    await f.record("compaction", str(f.recorder.seen), start)
+
+
+async def nospace(f: Faults) -> None:
+    """Fill the quota until etcd raises NOSPACE, hold 1-4 s under load, then do what an operator
+    does: delete, compact, defragment every member, disarm the alarm."""
+    if "quota" in f.busy:
+        f.skipped["nospace"] += 1
+        return
+    f.busy.add("quota")
+    start = f.now()
+    try:
+        puts = await _fill(f)
+        await f.hold(f.rng.uniform(1, 4))
+    finally:
+        await _free(f)
+        f.busy.discard("quota")
+        await f.record("nospace", f"{puts} puts of 1 MiB", start)
+
+
+async def _fill(f: Faults) -> int:
+    value = b64("x" * FILLER_BYTES)
+    for puts in range(1, 400):
+        answer = await f.world.gateway(f.http, "/v3/kv/put", {"key": b64(FILLER), "value": value})
+        if "database space exceeded" in str(answer.get("error") or answer.get("message") or ""):
+            return puts
+    raise RuntimeError(f"etcd took 400 MiB without raising NOSPACE: is --quota-backend-bytes set? see {f.world.workdir}")
+
+
+async def _free(f: Faults) -> None:
+    answer = await f.world.gateway(f.http, "/v3/kv/deleterange", {"key": b64(FILLER)})
+    deleted_at = int(answer["header"]["revision"])
+    await f.recorder.until(deleted_at, 30)  # compacted only once read: the history stays whole
+    await f.world.gateway(f.http, "/v3/kv/compaction", {"revision": str(deleted_at), "physical": True})
+    for member in f.world.members:
+        if member.proc.poll() is None:
+            async with f.http.post(member.url + "/v3/maintenance/defragment", json={}) as resp:
+                await resp.read()
+    alarms = await f.world.gateway(f.http, "/v3/maintenance/alarm", {"action": "GET"})
+    for alarm in alarms.get("alarms", []):
+        await f.world.gateway(f.http, "/v3/maintenance/alarm", {"action": "DEACTIVATE", "memberID": alarm["memberID"],
+                                                             "alarm": alarm.get("alarm", "NOSPACE")})
+
+
+async def member_replace(f: Faults) -> None:
+    """`member remove`, a fresh data dir, `member add`: the new member catches up from its peers."""
+    if f.member.locked():
+        f.skipped["member-replace"] += 1
+        return
+    async with f.member:
+        index = f.rng.randrange(len(f.world.members))
+        start = f.now()
+        try:
+            await f.world.replace_member(f.http, index)
+        finally:
+            await f.record("member-replace", str(f.world.members[index].client_port), start)
