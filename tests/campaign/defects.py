@@ -9,21 +9,28 @@ Each defect patches the running daemon before it starts; nothing of this is in t
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import os
 import random
 import sys
+import time
 from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
+import exporter.health.shared
 import exporter.leader
 import exporter.plan.guards
+import exporter.reconcile.feed
 import exporter.reconcile.judge
 import exporter.reconcile.reconciler
 import exporter.store.revisions
 import exporter.write.packing
 import exporter.write.writer
 from exporter.cli import main
-from exporter.errors import StaleRevisionError
+from exporter.errors import EtcdError, StaleRevisionError
+from exporter.etcd.client import EtcdClient
+from exporter.etcd.types import Compare, Op, TxnResult
 from exporter.plan.plan import Change
 from exporter.reconcile import Reconciler
 from exporter.store.records import Record, Removal
@@ -158,6 +165,99 @@ def leaks() -> None:
     _patch(Reconciler, "submit", submit)
 
 
+def ack_before_reply() -> None:
+    """Answers a push 204 once its transaction has been sent for half a second, without its reply (rule 9)."""
+
+    async def submit(self: Reconciler, upserts: Sequence[Record], removes: Sequence[Removal] = ()) -> None:
+        task = asyncio.ensure_future(_submit(self, upserts, removes))
+        done, _pending = await asyncio.wait({task}, timeout=0.5)
+        if done:
+            task.result()
+
+    _patch(Reconciler, "submit", submit)
+
+
+_txn = EtcdClient.txn
+
+
+def nospace_as_success() -> None:
+    """Takes etcd's NOSPACE refusal of a transaction for its success (rule 1)."""
+
+    async def txn(self: EtcdClient, compares: Sequence[Compare], ops: Sequence[Op]) -> TxnResult:
+        try:
+            return await _txn(self, compares, ops)
+        except EtcdError as exc:
+            if "space exceeded" not in exc.title:
+                raise
+            return TxnResult(True, await self.revision())
+
+    _patch(EtcdClient, "txn", txn)
+
+
+_publisher = exporter.health.shared.SharedHealth.run_publisher
+
+
+def deposed_leader_publishes() -> None:
+    """On losing leadership, writes its health documents once more, unfenced, as a farewell (rule 11)."""
+
+    async def run_publisher(self: exporter.health.shared.SharedHealth, document: exporter.health.shared.Document) -> None:
+        async def farewell() -> None:
+            docs = {self._layout.health_key(ref): json.dumps({**doc, "leader": self.identity, "at": time.time()})
+                    for ref, doc in self.docs.items() if doc.get("leader") == self.identity}
+            for _attempt in range(60):  # until etcd answers: a partitioned leader says goodbye after the heal
+                with contextlib.suppress(EtcdError):
+                    await self._etcd.txn([], [Op(key, value) for key, value in docs.items()])
+                    return
+                await asyncio.sleep(0.5)
+
+        def changed(leading: bool) -> None:
+            if not leading:
+                _farewells.append(asyncio.ensure_future(farewell()))
+
+        leadership = self._leader
+        assert isinstance(leadership, exporter.leader.Leadership)
+        leadership.add_listener(changed)
+        await _publisher(self, document)
+
+    _patch(exporter.health.shared.SharedHealth, "run_publisher", run_publisher)
+
+
+_farewells: list[asyncio.Future[None]] = []
+_feed_watch = exporter.reconcile.feed.Feed._watch
+
+
+def watch_stops_when_broken() -> None:
+    """A watch that breaks is not resumed: the mirror moves again only when it is listed (rule 12)."""
+
+    async def watch(self: exporter.reconcile.feed.Feed, generation: int) -> None:
+        broken = self._etcd.watch_prefix
+
+        def once(*args: Any, **kwargs: Any) -> Any:
+            async def events() -> Any:
+                with contextlib.suppress(EtcdError):
+                    async for batch in broken(*args, **kwargs):
+                        yield batch
+                await asyncio.Event().wait()  # never resumed
+
+            return events()
+
+        if not isinstance(self._etcd, _Watching):
+            self._etcd = _Watching(self._etcd, once)
+        await _feed_watch(self, generation)
+
+    _patch(exporter.reconcile.feed.Feed, "_watch", watch)
+
+
+class _Watching:
+    """An etcd store whose `watch_prefix` is replaced."""
+
+    def __init__(self, etcd: Any, watch_prefix: Callable[..., Any]) -> None:
+        self._etcd, self.watch_prefix = etcd, watch_prefix
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._etcd, name)
+
+
 DEFECTS: dict[str, Callable[[], Any]] = {
     "ack-without-commit": ack_without_commit,
     "no-revision-check": no_revision_check,
@@ -168,6 +268,10 @@ DEFECTS: dict[str, Callable[[], Any]] = {
     "deletes-shared-in-use": deletes_shared_in_use,
     "every-one-leads": every_one_leads,
     "leaks": leaks,
+    "ack-before-reply": ack_before_reply,
+    "nospace-as-success": nospace_as_success,
+    "deposed-leader-publishes": deposed_leader_publishes,
+    "watch-stops-when-broken": watch_stops_when_broken,
 }
 
 
