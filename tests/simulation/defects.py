@@ -2,17 +2,27 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import itertools
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
 from unittest import mock
 
+import exporter.plan.planner
+import exporter.reconcile.apply
+import exporter.roles
 import exporter.store.revisions
 from exporter.etcd.types import WatchEvent
+from exporter.ingress import Ingress
+from exporter.keys import IngressRef
 from exporter.plan.plan import Change, UnitPlan
+from exporter.reconcile.apply import PlanWriter
 from exporter.reconcile.mirror import Mirror
+from exporter.roles import Ejections
 from exporter.store.records import Record
 from exporter.write.ledger import CommitLedger
+from exporter.write.writer import ApplyResult
 
 _committed = CommitLedger.committed
 _unseen = CommitLedger.unseen
@@ -96,6 +106,47 @@ def remove_noop_over_tombstone() -> Iterator[None]:
         yield
 
 
+@contextlib.contextmanager
+def deposed_repair_unfenced() -> Iterator[None]:
+    """The leader's own units (repair, reconcile, health) are written without the election fence."""
+
+    async def write(self: PlanWriter, units: list[UnitPlan], groups: Mapping[IngressRef, int]) -> ApplyResult:
+        pushed, own, shared = exporter.reconcile.apply.route(units, groups)
+        result, *more = await asyncio.gather(self._writer.apply(pushed, shared=shared),
+                                             *([self._writer.apply(own, (), shared=shared)] if own else []))
+        for other in more:
+            result.merge(other)
+        return result
+
+    with mock.patch.object(PlanWriter, "_write", write):
+        yield
+
+
+_plan = exporter.plan.planner.Planner.plan
+_NONE_EJECTED = exporter.roles.NoEjections()
+
+
+@contextlib.contextmanager
+def ejection_sticky() -> Iterator[None]:
+    """A server once ejected stays out of its ingress's load balancer after it returns."""
+    ever: dict[IngressRef, frozenset[str]] = {}
+
+    class Sticky:
+        def __init__(self, ejections: Ejections) -> None:
+            self._ejections = ejections
+
+        def ejected(self, ref: IngressRef, ingress: Ingress) -> frozenset[str]:
+            ever[ref] = ever.get(ref, frozenset()) | self._ejections.ejected(ref, ingress)
+            return ever[ref]
+
+    def plan(self: exporter.plan.planner.Planner, desired: Any, observed: Any, owners: Any = None,
+             ejections: Ejections = _NONE_EJECTED, include_roots: bool = True) -> Any:
+        return _plan(self, desired, observed, owners, Sticky(ejections), include_roots)
+
+    with mock.patch.object(exporter.plan.planner.Planner, "plan", plan):
+        yield
+
+
 DEFECTS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
     "own-commit-from-reply": own_commit_applied_from_its_reply,
     "revision-out-of-order": revision_out_of_order,
@@ -103,4 +154,6 @@ DEFECTS: dict[str, Callable[[], contextlib.AbstractContextManager[None]]] = {
     "watch-wrong-revision": watch_restarted_at_the_wrong_revision,
     "delete-dropped": delete_event_dropped,
     "remove-noop-over-tombstone": remove_noop_over_tombstone,
+    "deposed-repair-unfenced": deposed_repair_unfenced,
+    "ejection-sticky": ejection_sticky,
 }

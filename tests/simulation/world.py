@@ -4,8 +4,10 @@ A run draws its steps from one random source: a request to a sidecar (the campai
 new, stale, duplicate and remove requests, with shared edge objects), a watch message (one to
 three whole revisions), an answer to a transaction or a read, a reply lost after the
 transaction committed, a failed call, a peer's write, a broken stream, a compaction, a
-listing asked for, time passing. Then the faults and the requests stop, and every sidecar
-must converge within a bounded number of steps.
+listing asked for, a lease that expires and moves leadership (leadership.py), a deposed leader
+noticing, a server ejected or returned (health.py), time passing. Then the faults and the
+requests stop, and every sidecar must converge within a bounded number of steps, to routing
+that follows the verdicts.
 """
 
 from __future__ import annotations
@@ -26,11 +28,13 @@ from exporter.render.renderer import Renderer
 from exporter.roles import Ejections
 from exporter.store.observed import Observed
 from exporter.store.records import Record, Removal, decode_record
-from tests.fake_reconciler import CERT, Leader
+from tests.fake_reconciler import CERT
 from tests.helpers import AUTHORITY, HookedEtcd, record
 from tests.replay import dangling
 
 from .etcd import Call, SimEtcd
+from .health import SERVERS, Verdicts
+from .leadership import Election
 
 LAYOUT = KeyLayout("traefik/worker_{authority}", "records")
 ROOT = LAYOUT.root(AUTHORITY)
@@ -105,6 +109,8 @@ class Simulation:
     sent: list[tuple[list[Record], list[Removal]]] = field(default_factory=list)
     requests: list[asyncio.Task[None]] = field(default_factory=list)
     checked_revision: int = 0
+    election: Election = field(init=False)
+    verdicts: Verdicts = field(default_factory=Verdicts)
 
     def __post_init__(self) -> None:
         self.rng = random.Random(self.seed)
@@ -112,25 +118,31 @@ class Simulation:
 
     async def run(self) -> None:
         """The run: raises Failure naming the invariant and the step."""
-        await self.etcd.put("records.leader", "me")
-        self.etcd.set_create_revision("records.leader", 7)
-        for index in range(self.rng.choice((2, 3))):
+        count = self.rng.choice((2, 3))
+        self.election = Election(self.etcd, count)
+        await self.election.elect(0)
+        for index in range(count):
             self.commits.append({})
             rec = Reconciler(
                 etcd=Client(self.etcd, index), layout=LAYOUT, planner=CheckedPlanner(self, index),
-                shared=Collaborators(leader=Leader(index == 0)),
+                shared=Collaborators(leader=self.election.leaders[index], ejections=self.verdicts),
                 cadence=Cadence(coalesce_window=0.02, reconcile_interval=5.0), limits=TxnLimits(max_ops=4, max_bytes=1 << 20),
             )
+            self.election.watch_own_units(rec, index)
             await rec.start()
             self.sidecars.append(Sidecar(rec))
         try:
             for step in range(STEPS):
                 await self.step(faults=True)
                 self.check(step)
+            for index in sorted(self.election.unaware):  # their leases are long gone: every deposed leader has noticed
+                self.election.notice(index)
             for step in range(STEPS, STEPS + SETTLE_STEPS):
                 await self.step(faults=False)
                 self.check(step)
                 if self.converged():
+                    if wrong := self.verdicts.misrouted(self.etcd.keys(), ROOT, LAYOUT.records_dir):
+                        raise Failure("routing follows the verdicts", step, wrong)
                     return
             raise Failure("converge", STEPS + SETTLE_STEPS, f"not converged: {self.unconverged()}")
         finally:
@@ -156,7 +168,9 @@ class Simulation:
         if etcd.calls:
             choices.append((6.0, "answer"))
         if faults:
-            choices += [(3.0, "request"), (0.6, "peer"), (0.2, "relist")]
+            choices += [(3.0, "request"), (0.6, "peer"), (0.2, "relist"), (0.25, "expire"), (0.4, "health")]
+            if self.election.unaware:
+                choices.append((0.4, "notice"))
             if etcd.calls:
                 choices += [(0.4, "lost"), (0.5, "fail")]
             if etcd.streams:
@@ -180,12 +194,32 @@ class Simulation:
             etcd.break_stream(rng.choice(etcd.streams))
         elif kind == "compact":
             etcd.compact()
+        elif kind in ("expire", "notice", "health"):
+            await self.move(kind)
         await asyncio.sleep(rng.choice((0.001, 0.01, 0.1, 1.0, 5.0)) if kind == "time" else 1e-6)
+
+    async def move(self, kind: str) -> None:
+        """Leadership moves (a lease expires, a deposed leader notices) or a server is ejected or returned."""
+        election, rng = self.election, self.rng
+        if kind == "expire":
+            holder = election.holder(self.etcd.revision)
+            successor = rng.choice([i for i in range(len(self.sidecars)) if i != holder])
+            old = await election.expire(successor)
+            self.sidecars[successor].rec.request_full()
+            if old is not None and rng.random() < 0.5:
+                self.sidecars[old].rec.request_full()  # its periodic pass, still believing it leads
+        elif kind == "notice":
+            election.notice(rng.choice(sorted(election.unaware)))
+        else:
+            leaders = [s.rec for s, leader in zip(self.sidecars, election.leaders, strict=True) if leader.believes]
+            self.verdicts.flip(rng, [IngressRef(AUTHORITY, f"i{n}") for n in range(INGRESSES)], leaders)
 
     async def answer(self, call: Call, outcome: str) -> None:
         before = self.etcd.revision
         await self.etcd.answer(call, outcome)
         if call.kind == "txn" and outcome == "ok" and self.etcd.revision > before and call.owner is not None:
+            if why := self.election.deposed_write(call.owner, [key for key, _value in call.ops], self.etcd.revision):
+                self.violations.append(("no own write from a deposed leader", why))
             for key, _value in call.ops:
                 ref = LAYOUT.record_ref(key) or LAYOUT.owner_of_key(key)
                 if ref is not None:
@@ -222,7 +256,7 @@ class Simulation:
 
     def upsert(self, name: str, revision: int, path: str = "/") -> Record:
         edge = self.rng.choice(EDGES)
-        return record(name, revision=revision, path_prefix=path, upstream={"servers": [{"url": "http://10.0.0.5:8000"}]}, **edge)
+        return record(name, revision=revision, path_prefix=path, upstream={"servers": [{"url": url} for url in SERVERS]}, **edge)
 
     async def submit(self, rec: Reconciler, upserts: list[Record], removes: list[Removal]) -> None:
         try:
