@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
+import exporter.etcd.reach
 import exporter.health.shared
 import exporter.leader
 import exporter.plan.guards
@@ -258,6 +259,11 @@ class _Watching:
         return getattr(self._etcd, name)
 
 
+def readiness_ignores_silence() -> None:
+    """Counts etcd reachable until a request fails, however long it has been silent (rule 10)."""
+    _patch(exporter.etcd.reach.Evidence, "reachability", lambda self: self._reachability)
+
+
 DEFECTS: dict[str, Callable[[], Any]] = {
     "ack-without-commit": ack_without_commit,
     "no-revision-check": no_revision_check,
@@ -272,6 +278,7 @@ DEFECTS: dict[str, Callable[[], Any]] = {
     "nospace-as-success": nospace_as_success,
     "deposed-leader-publishes": deposed_leader_publishes,
     "watch-stops-when-broken": watch_stops_when_broken,
+    "readiness-ignores-silence": readiness_ignores_silence,
 }
 
 

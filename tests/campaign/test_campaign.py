@@ -51,11 +51,12 @@ def test_the_campaign_finds_nothing(tmp_path: Path, seed: int) -> None:
 
 # Seconds each planted defect runs: enough for its rule to see it at the fixed seed. A leak needs
 # the RSS baseline (taken 10 s after each start) and time to grow past the bound.
-DEFECT_SECONDS = {"leaks": "30", "nospace-as-success": "20", "deposed-leader-publishes": "20", "watch-stops-when-broken": "20"}
+DEFECT_SECONDS = {"leaks": "30", "nospace-as-success": "20", "deposed-leader-publishes": "20", "watch-stops-when-broken": "20",
+                  "readiness-ignores-silence": "20"}
 # The faults a defect's run draws from, where its rule judges only some: the others' time goes to those.
 DEFECT_FAULTS = {
     "ack-before-reply": "partition", "nospace-as-success": "nospace", "deposed-leader-publishes": "leader-stop,backend-flap",
-    "watch-stops-when-broken": "partition",
+    "watch-stops-when-broken": "partition", "readiness-ignores-silence": "partition",
 }
 
 
