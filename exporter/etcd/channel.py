@@ -264,7 +264,9 @@ def _unreachable(endpoint: str, details: str) -> EtcdError:
     text = details.lower()
     if "certificate_verify_failed" in text or "certificate verify failed" in text:
         cause = "TLS verification of etcd's certificate failed (wrong CA bundle or server name?)"
-    elif "certificate required" in text or "bad certificate" in text or "unknown ca" in text or "handshake" in text:
+    elif any(sign in text for sign in ("certificate required", "bad certificate", "unknown ca", "handshake", "unwrap failed")):
+        # etcd 3.4 (TLS 1.3) refuses a missing client certificate after the handshake: gRPC sees the
+        # alert as a record it cannot decrypt ("Unwrap failed (TSI_DATA_CORRUPTED)").
         cause = "etcd rejected the TLS handshake (client certificate missing or not signed by etcd's CA)"
     else:
         cause = f"unreachable: {details}".strip()

@@ -32,7 +32,7 @@ from exporter.etcd.types import b64, unb64
 
 from . import VOID
 from .checker import History, Violation, check
-from .fault_rules import FRESH_WITHIN, LOOK_SLACK
+from .fault_rules import FRESH_WITHIN, LINK_FAULTS, LOOK_SLACK
 from .faults import KINDS, Faults
 from .history import Look
 from .observe import Observation, etcd_diverged, observe, sample_looks, sample_mirrors
@@ -124,9 +124,10 @@ async def _run(args: argparse.Namespace, workdir: Path, world: World, http: aioh
     await load
     await faults.heal()
     await drawing
-    healed = time.monotonic()
     seen, took = await converge(http, world, workdir, args.converge_timeout)
-    await asyncio.sleep(max(0.0, healed + FRESH_WITHIN + LOOK_SLACK - time.monotonic()))  # the looks rule 12 reads
+    # The looks rule 12 reads: until 6 s after the last heal on a sidecar's links.
+    last = max((f.end for f in faults.done if f.kind in LINK_FAULTS), default=-FRESH_WITHIN - LOOK_SLACK)
+    await asyncio.sleep(max(0.0, workload.started + last + FRESH_WITHIN + LOOK_SLACK - time.monotonic()))
     sampling_done.set()
     await asyncio.gather(sampling, mirroring, looking)
     end = await current_revision(http, world)

@@ -35,12 +35,12 @@ def test_every_planted_defect_is_caught(defect: str) -> None:
 
 
 def test_a_failure_names_the_invariant_the_seed_and_the_step_and_replays_exactly() -> None:
-    command = [sys.executable, "-m", "tests.simulation", "--seeds", "1", "--start", "1", "--plant", "delete-dropped"]
+    command = [sys.executable, "-m", "tests.simulation", "--seeds", "1", "--start", "1", "--plant", "revision-out-of-order"]
     runs = [subprocess.run(command, capture_output=True, text=True, timeout=120) for _ in range(2)]
     assert [r.returncode for r in runs] == [1, 1]
     first, replay = runs[0].stdout.splitlines()[:2]
     assert first.startswith("FAILED seed 1, step ") and ": " in first
-    assert replay == "replay: python -m tests.simulation --seeds 1 --start 1 --plant delete-dropped"
+    assert replay == "replay: python -m tests.simulation --seeds 1 --start 1 --plant revision-out-of-order"
     assert runs[1].stdout == runs[0].stdout
     listed = subprocess.run([sys.executable, "-m", "tests.simulation", "--list-defects"], capture_output=True, text=True, check=True)
     assert listed.stdout.split() == list(DEFECTS)
