@@ -182,7 +182,7 @@ _txn = EtcdClient.txn
 
 
 def nospace_as_success() -> None:
-    """Takes etcd's NOSPACE refusal of a transaction for its success (rule 1)."""
+    """Takes etcd's NOSPACE refusal of a transaction for its success (rules 1, 9)."""
 
     async def txn(self: EtcdClient, compares: Sequence[Compare], ops: Sequence[Op]) -> TxnResult:
         try:

@@ -1,9 +1,11 @@
 """The checker's rules for the faults of links, disks and membership (pure: no I/O, no clock).
 
-9. A sidecar that cannot reach a quorum answers no push 204 until it can again: no request sent
-   to a sidecar while all its links were partitioned (cut, reset or one-way) and answered before
-   the heal got 204, unless the same change had been acknowledged before it was sent (a no-op
-   the sidecar answers from what it holds, which etcd held already).
+9. A sidecar that cannot write answers no push 204 until it can again: no request sent to a
+   sidecar while all its links were partitioned (cut, reset or one-way) and answered before the
+   heal got 204, unless the same change had been acknowledged before it was sent (a no-op the
+   sidecar answers from what it holds, which etcd held already); and no request sent to any
+   sidecar while etcd's NOSPACE alarm was raised and answered before it was disarmed got 204,
+   unless the same change (or, for a remove, one at a newer revision) was sent before the alarm.
 10. `/readyz` names the cause within the lease TTL: a sidecar partitioned for longer than TTL + 2 s
    answers 503 with a reason naming etcd within TTL + 1 s of the cut.
 11. A deposed leader writes nothing after its successor's first fenced write: every health
@@ -30,7 +32,7 @@ ETCD_FAULTS = ("etcd-kill", "leader-isolate", "member-replace", "nospace")
 
 def no_acknowledgement_without_quorum(requests: Sequence[Request], faults: Sequence[Fault]) -> list[Violation]:
     """Rule 9."""
-    out = []
+    out = no_acknowledgement_without_space(requests, faults)
     for fault in (f for f in faults if f.kind == "partition"):
         for request in requests:
             if request.status != 204 or request.sidecar != fault.target:
@@ -42,6 +44,23 @@ def no_acknowledgement_without_quorum(requests: Sequence[Request], faults: Seque
                 continue
             out.append(Violation(9, request.ingress, f"{fault.target} partitioned ({fault.mode}) from {fault.start:.3f} to "
                                                      f"{fault.end:.3f} answered 204 to {request.op} rev {request.revision} "
+                                                     f"[{request.invoked:.3f}-{request.completed:.3f}]"))
+    return out
+
+
+def no_acknowledgement_without_space(requests: Sequence[Request], faults: Sequence[Fault]) -> list[Violation]:
+    """Rule 9 under NOSPACE: the fault spans the alarm, from the put etcd refused to the disarm."""
+    out = []
+    for fault in (f for f in faults if f.kind == "nospace"):
+        for request in requests:
+            if request.status != 204 or not (fault.start <= request.invoked and request.completed < fault.end):
+                continue
+            if any(o.ingress == request.ingress and o.op == request.op and o.invoked < fault.start and o.revision is not None
+                   and request.revision is not None and (o.revision == request.revision or (o.op == "remove" and o.revision > request.revision))
+                   for o in requests):
+                continue
+            out.append(Violation(9, request.ingress, f"etcd out of space from {fault.start:.3f} to {fault.end:.3f}: {request.sidecar} "
+                                                     f"answered 204 to {request.op} rev {request.revision} "
                                                      f"[{request.invoked:.3f}-{request.completed:.3f}]"))
     return out
 

@@ -88,9 +88,9 @@ class Faults:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self.ending.wait(), seconds)
 
-    async def record(self, kind: str, target: str, start: float, mode: str = "") -> None:
-        """A fault healed: when, and etcd's revision once it had (what the sidecars must catch up to)."""
-        end = self.now()
+    async def record(self, kind: str, target: str, start: float, mode: str = "", end: float | None = None) -> None:
+        """A fault healed (at `end`, default now), and etcd's revision once it had (what the sidecars must catch up to)."""
+        end = self.now() if end is None else end
         try:
             answer = await self.world.gateway(self.http, "/v3/kv/range", {"key": b64("campaign/marker")})
             revision = int(answer.get("header", {}).get("revision", 0))

@@ -256,3 +256,17 @@ def test_a_mirror_that_never_catches_up_after_a_heal_breaks_rule_12() -> None:
     assert violation.rule == 12 and "etcd at 3" in violation.detail
     history.faults.append(Fault("etcd-kill", "m0", 17, 20))  # etcd itself was impaired meanwhile: not judged
     assert check(history) == []
+
+
+def test_a_204_while_etcd_is_out_of_space_breaks_rule_9() -> None:
+    history = clean()
+    history.faults.append(Fault("nospace", "3 puts of 1 MiB", 10, 14))
+    history.requests.append(Request("a", "upsert", "c/x", 2, 9, 9.1, 0, sidecar="s2"))
+    history.requests.append(Request("a", "upsert", "c/x", 2, 11, 11.2, 204, sidecar="s1"))
+    assert check(history) == []  # sent before the alarm: it may have been committed then, a no-op now
+    history.requests.append(Request("a", "upsert", "c/x", 3, 12, 12.2, 204, sidecar="s1"))
+    history.final["c/x"] = Stored(3, bodies=frozenset({"b1"}))
+    history.etcd.append((4, {f"{RECORDS}/c/x": record(3)}))
+    assert rules(history) == [9]
+    history.requests[-1] = Request("a", "upsert", "c/x", 3, 12, 14.5, 204, sidecar="s1")  # answered after the disarm
+    assert check(history) == []
