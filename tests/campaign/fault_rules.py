@@ -55,14 +55,19 @@ def no_acknowledgement_without_space(requests: Sequence[Request], faults: Sequen
         for request in requests:
             if request.status != 204 or not (fault.start <= request.invoked and request.completed < fault.end):
                 continue
-            if any(o.ingress == request.ingress and o.op == request.op and o.invoked < fault.start and o.revision is not None
-                   and request.revision is not None and (o.revision == request.revision or (o.op == "remove" and o.revision > request.revision))
-                   for o in requests):
+            if any(o.invoked < fault.start and _covers(o, request) for o in requests):
                 continue
             out.append(Violation(9, request.ingress, f"etcd out of space from {fault.start:.3f} to {fault.end:.3f}: {request.sidecar} "
                                                      f"answered 204 to {request.op} rev {request.revision} "
                                                      f"[{request.invoked:.3f}-{request.completed:.3f}]"))
     return out
+
+
+def _covers(earlier: Request, request: Request) -> bool:
+    """`earlier` asked for the change `request` asks for (a remove: or one at a newer revision)."""
+    if earlier.ingress != request.ingress or earlier.op != request.op or earlier.revision is None or request.revision is None:
+        return False
+    return earlier.revision == request.revision or (earlier.op == "remove" and earlier.revision > request.revision)
 
 
 def not_ready_named(faults: Sequence[Fault], looks: Sequence[Look], ttl: float) -> list[Violation]:

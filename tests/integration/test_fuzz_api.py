@@ -109,7 +109,7 @@ def _named(message: str) -> bool:
 
 def test_positive_pushes_are_accepted_and_every_refusal_is_a_named_rule(fuzzed: Fuzzed) -> None:
     entries = schemathesis(
-        fuzzed, fuzzed.spec, "positive", "--mode", "positive", "--phases", "fuzzing", "-n", "100", "--no-shrink", "-w", "2",
+        fuzzed, fuzzed.spec, "positive", "--mode", "positive", "--phases", "fuzzing", "-n", "60", "--no-shrink", "-w", "2",
         "-c", "not_a_server_error,status_code_conformance,content_type_conformance,response_schema_conformance",
         env={"FUZZ_UNIQUE": "1"},
     )
@@ -118,7 +118,7 @@ def test_positive_pushes_are_accepted_and_every_refusal_is_a_named_rule(fuzzed: 
     accepted = sum(statuses[s] for s in ACCEPTED) / len(pushes)
     print(f"positive: {len(pushes)} pushes, {statuses}, {accepted:.1%} answered 204 or 409")
     refused = [m for e in pushes if e["response"]["status"] not in ACCEPTED for m in _messages(e)]
-    assert len(pushes) >= 200
+    assert len(pushes) >= 100
     assert [m for m in refused if not _named(m)] == [], f"seed {SEED}: refusals by a rule the contract does not name"
     assert accepted >= 0.95, f"seed {SEED}: {Counter(refused).most_common(10)}"
 
