@@ -5,7 +5,8 @@
    heal got 204, unless the same change had been acknowledged before it was sent (a no-op the
    sidecar answers from what it holds, which etcd held already); and no request sent to any
    sidecar while etcd's NOSPACE alarm was raised and answered before it was disarmed got 204,
-   unless the same change (or, for a remove, one at a newer revision) was sent before the alarm.
+   unless the same change (or, for a remove, one at a newer revision) was sent before the alarm,
+   or it is a remove without a revision of an ingress removed before the alarm.
 10. `/readyz` names the cause within the lease TTL: a sidecar partitioned for longer than TTL + 2 s
    answers 503 with a reason naming etcd within TTL + 1 s of the cut.
 11. A deposed leader writes nothing after its successor's first fenced write: every health
@@ -55,7 +56,7 @@ def no_acknowledgement_without_space(requests: Sequence[Request], faults: Sequen
         for request in requests:
             if request.status != 204 or not (fault.start <= request.invoked and request.completed < fault.end):
                 continue
-            if any(o.invoked < fault.start and _covers(o, request) for o in requests):
+            if any(o.invoked < fault.start and _covers(o, request) for o in requests) or _gone_before(requests, request, fault.start):
                 continue
             out.append(Violation(9, request.ingress, f"etcd out of space from {fault.start:.3f} to {fault.end:.3f}: {request.sidecar} "
                                                      f"answered 204 to {request.op} rev {request.revision} "
@@ -68,6 +69,16 @@ def _covers(earlier: Request, request: Request) -> bool:
     if earlier.ingress != request.ingress or earlier.op != request.op or earlier.revision is None or request.revision is None:
         return False
     return earlier.revision == request.revision or (earlier.op == "remove" and earlier.revision > request.revision)
+
+
+def _gone_before(requests: Sequence[Request], request: Request, alarm: float) -> bool:
+    """A remove without a revision of an ingress removed before the alarm (a remove acknowledged, no
+    upsert after it that may have been written) is a no-op: the sidecar answers it from what it holds."""
+    if request.op != "remove" or request.revision is not None:
+        return False
+    mine = [o for o in requests if o.ingress == request.ingress and o.invoked < alarm]
+    removed = [o.invoked for o in mine if o.op == "remove" and o.status == 204 and o.completed < alarm]
+    return bool(removed) and not any(o.op == "upsert" and o.status in (0, 204) and o.invoked > max(removed) for o in mine)
 
 
 def not_ready_named(faults: Sequence[Fault], looks: Sequence[Look], ttl: float) -> list[Violation]:

@@ -270,3 +270,14 @@ def test_a_204_while_etcd_is_out_of_space_breaks_rule_9() -> None:
     assert rules(history) == [9]
     history.requests[-1] = Request("a", "upsert", "c/x", 3, 12, 14.5, 204, sidecar="s1")  # answered after the disarm
     assert check(history) == []
+
+
+def test_a_remove_without_revision_of_an_ingress_gone_before_the_alarm_is_a_no_op_under_nospace() -> None:
+    history = clean()
+    history.faults.append(Fault("nospace", "3 puts of 1 MiB", 10, 14))
+    history.requests.append(Request("a", "remove", "c/y", None, 12, 12.1, 204, sidecar="s1"))
+    assert rules(history) == [9]  # c/y was live: the remove must have been written
+    history.requests.insert(-1, Request("a", "remove", "c/y", 3, 8, 8.1, 204, sidecar="s2"))
+    assert 9 not in rules(history)  # (rule 1 wants the tombstone this history leaves out)
+    history.requests.insert(-1, Request("a", "upsert", "c/y", 4, 9, 9.1, 0, sidecar="s2"))  # may have been written
+    assert 9 in rules(history)
