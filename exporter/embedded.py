@@ -110,12 +110,13 @@ class EmbeddedEtcd(Child):
     def url(self) -> str:
         return f"http://127.0.0.1:{self.client_port}"
 
-    def restart(self, timeout: float = 30) -> None:
-        """Start etcd again on the same port and data (after `stop`)."""
+    def restart(self, timeout: float = 30, ready: str = "/health") -> None:
+        """Start etcd again on the same port and data (after `stop`); back once `ready` answers 200
+        (`/health` does not while an alarm such as NOSPACE is raised; `/version` does once it serves)."""
         self.stop()
         logf = self.log.open("ab")
         self.proc = subprocess.Popen(self.args, stdout=logf, stderr=subprocess.STDOUT, start_new_session=True)
-        wait_http(self.url + "/health", time.monotonic() + timeout, self.proc, "etcd", self.log)
+        wait_http(self.url + ready, time.monotonic() + timeout, self.proc, "etcd", self.log)
 
 
 # etcd's limits per transaction for large roots (docs/operations.md): one bulk, few revisions.
