@@ -60,6 +60,7 @@ def check(history: History) -> list[Violation]:
         *rss_bounded(history.rss, history.rss_growth_bound),
         *mirrors_equal_etcd(history.mirrors),
         *fault_rules.no_acknowledgement_without_quorum(history.requests, history.faults),
+        *fault_rules.no_acknowledgement_without_space(history.requests, history.faults, history.etcd, history.records_prefix),
         *fault_rules.not_ready_named(history.faults, history.looks, history.leader_ttl),
         *(fault_rules.leader_documents(history.etcd, history.election_key, history.health_prefix, history.election_holder)
           if history.election_key else []),

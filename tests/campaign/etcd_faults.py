@@ -55,16 +55,16 @@ async def nospace(f: Faults) -> None:
         return
     async with f.member:
         f.busy.add("quota")
-        puts, raised = 0, f.now()
+        puts, raised, at = 0, f.now(), 0
         disarmed = raised
         try:
             puts = await _fill(f)
-            raised = f.now()
+            raised, at = f.now(), await f.revision()  # no put is applied from here to the disarm
             await f.hold(f.rng.uniform(1, 4))
         finally:
             disarmed = await _free(f)
             f.busy.discard("quota")
-            await f.record("nospace", f"{puts} puts of 1 MiB", raised, end=disarmed)
+            await f.record("nospace", f"{puts} puts of 1 MiB", raised, end=disarmed, start_revision=at)
 
 
 async def _fill(f: Faults) -> int:

@@ -5,8 +5,8 @@
    heal got 204, unless the same change had been acknowledged before it was sent (a no-op the
    sidecar answers from what it holds, which etcd held already); and no request sent to any
    sidecar while etcd's NOSPACE alarm was raised and answered before it was disarmed got 204,
-   unless the same change (or, for a remove, one at a newer revision) was sent before the alarm,
-   or it is a remove without a revision of an ingress removed before the alarm.
+   unless it changed nothing in what etcd held at the alarm (the same live record; for a remove, a
+   tombstone at its revision or newer; for a remove without a revision, a tombstone or nothing).
 10. `/readyz` names the cause within the lease TTL: a sidecar partitioned for longer than TTL + 2 s
    answers 503 with a reason naming etcd within TTL + 1 s of the cut.
 11. A deposed leader writes nothing after its successor's first fenced write: every health
@@ -32,8 +32,8 @@ ETCD_FAULTS = ("etcd-kill", "leader-isolate", "member-replace", "nospace")
 
 
 def no_acknowledgement_without_quorum(requests: Sequence[Request], faults: Sequence[Fault]) -> list[Violation]:
-    """Rule 9."""
-    out = no_acknowledgement_without_space(requests, faults)
+    """Rule 9 under partitions (`no_acknowledgement_without_space`: under NOSPACE)."""
+    out = []
     for fault in (f for f in faults if f.kind == "partition"):
         for request in requests:
             if request.status != 204 or request.sidecar != fault.target:
@@ -49,36 +49,50 @@ def no_acknowledgement_without_quorum(requests: Sequence[Request], faults: Seque
     return out
 
 
-def no_acknowledgement_without_space(requests: Sequence[Request], faults: Sequence[Fault]) -> list[Violation]:
-    """Rule 9 under NOSPACE: the fault spans the alarm, from the put etcd refused to the disarm."""
+def no_acknowledgement_without_space(requests: Sequence[Request], faults: Sequence[Fault],
+                                     events: Sequence[tuple[int, dict[str, str | None]]], records_prefix: str) -> list[Violation]:
+    """Rule 9 under NOSPACE: the fault spans the alarm, from the put etcd refused (at etcd revision
+    `start_revision`, after which no put is applied) to the moment before the disarm."""
     out = []
-    for fault in (f for f in faults if f.kind == "nospace"):
+    for fault in (f for f in faults if f.kind == "nospace" and f.start_revision):
+        held = records_at(events, records_prefix, fault.start_revision)
         for request in requests:
             if request.status != 204 or not (fault.start <= request.invoked and request.completed < fault.end):
                 continue
-            if any(o.invoked < fault.start and _covers(o, request) for o in requests) or _gone_before(requests, request, fault.start):
+            if _no_op(held.get(request.ingress), request):
                 continue
             out.append(Violation(9, request.ingress, f"etcd out of space from {fault.start:.3f} to {fault.end:.3f}: {request.sidecar} "
                                                      f"answered 204 to {request.op} rev {request.revision} "
-                                                     f"[{request.invoked:.3f}-{request.completed:.3f}]"))
+                                                     f"[{request.invoked:.3f}-{request.completed:.3f}], etcd holding "
+                                                     f"{held.get(request.ingress)}"))
     return out
 
 
-def _covers(earlier: Request, request: Request) -> bool:
-    """`earlier` asked for the change `request` asks for (a remove: or one at a newer revision)."""
-    if earlier.ingress != request.ingress or earlier.op != request.op or earlier.revision is None or request.revision is None:
-        return False
-    return earlier.revision == request.revision or (earlier.op == "remove" and earlier.revision > request.revision)
+def records_at(events: Sequence[tuple[int, dict[str, str | None]]], records_prefix: str, at: int) -> dict[str, tuple[int, bool]]:
+    """Each ingress's record in etcd at revision `at`: (its revision, a tombstone)."""
+    held: dict[str, tuple[int, bool]] = {}
+    for revision, changes in events:
+        if revision > at:
+            break
+        for key, value in changes.items():
+            if not records_prefix or not key.startswith(records_prefix + "/"):
+                continue
+            ingress = key[len(records_prefix) + 1 :]
+            if value is None:
+                held.pop(ingress, None)
+            else:
+                record = json.loads(value)
+                held[ingress] = (record["ingress"]["revision"], bool(record.get("removed")))
+    return held
 
 
-def _gone_before(requests: Sequence[Request], request: Request, alarm: float) -> bool:
-    """A remove without a revision of an ingress removed before the alarm (a remove acknowledged, no
-    upsert after it that may have been written) is a no-op: the sidecar answers it from what it holds."""
-    if request.op != "remove" or request.revision is not None:
-        return False
-    mine = [o for o in requests if o.ingress == request.ingress and o.invoked < alarm]
-    removed = [o.invoked for o in mine if o.op == "remove" and o.status == 204 and o.completed < alarm]
-    return bool(removed) and not any(o.op == "upsert" and o.status in (0, 204) and o.invoked > max(removed) for o in mine)
+def _no_op(held: tuple[int, bool] | None, request: Request) -> bool:
+    """True when `request` changes nothing in what etcd holds (the sidecar may answer it 204 with no write)."""
+    if request.op == "upsert":
+        return held is not None and held == (request.revision, False)
+    if request.revision is None:
+        return held is None or held[1]
+    return held is not None and held[1] and held[0] >= request.revision
 
 
 def not_ready_named(faults: Sequence[Fault], looks: Sequence[Look], ttl: float) -> list[Violation]:

@@ -88,16 +88,20 @@ class Faults:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self.ending.wait(), seconds)
 
-    async def record(self, kind: str, target: str, start: float, mode: str = "", end: float | None = None) -> None:
+    async def record(self, kind: str, target: str, start: float, mode: str = "", end: float | None = None,
+                     start_revision: int = 0) -> None:
         """A fault healed (at `end`, default now), and etcd's revision once it had (what the sidecars must catch up to)."""
         end = self.now() if end is None else end
+        self.done.append(Fault(kind, target, start, end, mode, await self.revision(), start_revision))
+        self.counts[kind] += 1
+
+    async def revision(self) -> int:
+        """etcd's revision now (0: no member answered)."""
         try:
             answer = await self.world.gateway(self.http, "/v3/kv/range", {"key": b64("campaign/marker")})
-            revision = int(answer.get("header", {}).get("revision", 0))
         except RuntimeError:
-            revision = 0
-        self.done.append(Fault(kind, target, start, end, mode, revision))
-        self.counts[kind] += 1
+            return 0
+        return int(answer.get("header", {}).get("revision", 0))
 
     async def pick_sidecar(self, leader_half: bool = True) -> Sidecar | None:
         """The leader half the time, else any; None when that one is impaired already."""

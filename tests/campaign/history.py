@@ -32,6 +32,7 @@ class Fault:
     end: float
     mode: str = ""
     revision: int = 0
+    start_revision: int = 0  # etcd's revision once it was in effect (0: not taken)
 
 
 @dataclass(frozen=True)
