@@ -85,16 +85,7 @@ async def _free(f: Faults) -> float:
     deleted_at = int(answer["header"]["revision"])
     await f.recorder.until(deleted_at, 30)  # compacted only once read: the history stays whole
     await f.world.gateway(f.http, "/v3/kv/compaction", {"revision": str(deleted_at), "physical": True})
-    for member in f.world.members:
-        if member.proc.poll() is None:
-            async with f.http.post(member.url + "/v3/maintenance/defragment", json={}) as resp:
-                await resp.read()
-    disarmed = f.now()
-    alarms = await f.world.gateway(f.http, "/v3/maintenance/alarm", {"action": "GET"})
-    for alarm in alarms.get("alarms", []):
-        await f.world.gateway(f.http, "/v3/maintenance/alarm", {"action": "DEACTIVATE", "memberID": alarm["memberID"],
-                                                             "alarm": alarm.get("alarm", "NOSPACE")})
-    return disarmed
+    return await f.world.defragment_and_disarm(f.http) - f.started
 
 
 async def member_replace(f: Faults) -> None:

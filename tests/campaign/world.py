@@ -6,6 +6,7 @@ again where it was."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
 import signal
@@ -266,8 +267,38 @@ class World:
         args[args.index("--initial-cluster") + 1] = cluster
         args[args.index("--initial-cluster-state") + 1] = "existing"
         member.args = args
-        await asyncio.to_thread(member.restart, 60)
+        await asyncio.to_thread(member.restart, 60, "/version")
+        await self.until_healthy(http, member)
         await self.learn_member_ids(http)
+
+    async def until_healthy(self, http: aiohttp.ClientSession, member: EmbeddedEtcd, timeout: float = 60) -> None:
+        """Wait for a joining member's /health; an alarm it raises on joining (the snapshot it was sent
+        holds the pages a nospace fault freed, past the quota) is cleared as an operator does."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if (await self.gateway(http, "/v3/maintenance/alarm", {"action": "GET"})).get("alarms"):
+                await self.defragment_and_disarm(http)
+            with contextlib.suppress(aiohttp.ClientError, TimeoutError):
+                async with http.get(member.url + "/health", timeout=aiohttp.ClientTimeout(total=2)) as resp:
+                    if resp.status == 200:
+                        return
+            await asyncio.sleep(0.2)
+        raise RuntimeError(f"etcd member {member.client_port} not healthy {timeout}s after it joined; see {member.log}")
+
+    async def defragment_and_disarm(self, http: aiohttp.ClientSession) -> float:
+        """Defragment every running member, then disarm every alarm; returns the time just before the disarm."""
+        for member in self.members:
+            if member.proc.poll() is None:
+                with contextlib.suppress(aiohttp.ClientError, TimeoutError):
+                    async with http.post(member.url + "/v3/maintenance/defragment", json={},
+                                         timeout=aiohttp.ClientTimeout(total=30)) as resp:
+                        await resp.read()
+        disarmed = time.monotonic()
+        alarms = await self.gateway(http, "/v3/maintenance/alarm", {"action": "GET"})
+        for alarm in alarms.get("alarms", []):
+            await self.gateway(http, "/v3/maintenance/alarm", {"action": "DEACTIVATE", "memberID": alarm["memberID"],
+                                                              "alarm": alarm.get("alarm", "NOSPACE")})
+        return disarmed
 
     def raft_leader(self) -> EmbeddedEtcd | None:
         """The etcd member that is the raft leader, if one answers."""
