@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import random
 import shutil
 import socket
@@ -18,9 +19,17 @@ from exporter.embedded import EmbeddedEtcd, etcd_binary, wait_http
 _STABLE_PORTS = range(20000, 32768)
 
 
+def _stable_ports() -> range:
+    # EXPORTER_STABLE_PORTS=LO-HI narrows the range: processes that run at once (the campaign's
+    # planted defects, two at a time) each get their own, so none takes a port the other checked free.
+    lo, _, hi = os.environ.get("EXPORTER_STABLE_PORTS", "").partition("-")
+    return range(int(lo), int(hi)) if lo and hi else _STABLE_PORTS
+
+
 def stable_port() -> int:
     """A loopback port outside the ephemeral range that is free now."""
-    for port in random.sample(_STABLE_PORTS, 200):
+    ports = _stable_ports()
+    for port in random.sample(ports, min(200, len(ports))):
         with socket.socket() as sock:
             try:
                 sock.bind(("127.0.0.1", port))

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import queue
 import random
 import re
 import subprocess
@@ -22,10 +23,11 @@ FIXED_SEED = 20261201
 DURATION = os.environ.get("EXPORTER_CAMPAIGN_DURATION", "45")
 
 
-def campaign(workdir: Path, seed: int, duration: str, *extra: str) -> subprocess.CompletedProcess[str]:
-    """Run it to the end; past its time, SIGTERM (it stops what it started) and fail."""
+def campaign(workdir: Path, seed: int, duration: str, *extra: str, ports: str = "") -> subprocess.CompletedProcess[str]:
+    """Run it to the end (on `ports`, LO-HI, when given); past its time, SIGTERM (it stops what it started) and fail."""
     args = [sys.executable, "-m", "tests.campaign", "--duration", duration, "--seed", str(seed), "--workdir", str(workdir), *extra]
-    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    env = {**os.environ, "EXPORTER_STABLE_PORTS": ports} if ports else None
+    proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:
         out, err = proc.communicate(timeout=float(duration) + 300)
     except subprocess.TimeoutExpired:
@@ -35,11 +37,11 @@ def campaign(workdir: Path, seed: int, duration: str, *extra: str) -> subprocess
     return subprocess.CompletedProcess(args, proc.returncode, out, err)
 
 
-def judged(workdir: Path, seed: int, duration: str, *extra: str) -> tuple[int, subprocess.CompletedProcess[str]]:
+def judged(workdir: Path, seed: int, duration: str, *extra: str, ports: str = "") -> tuple[int, subprocess.CompletedProcess[str]]:
     """One run at `seed`. A run in which etcd's members disagree at the end (etcd lost writes it
     acknowledged) fails: on the etcd the fixtures choose, which has no such bug, it is a finding."""
     print(f"campaign seed {seed}: replay with python -m tests.campaign --seed {seed} --duration {duration} {' '.join(extra)}")
-    done = campaign(workdir / f"seed-{seed}", seed, duration, *extra)
+    done = campaign(workdir / f"seed-{seed}", seed, duration, *extra, ports=ports)
     assert done.returncode != VOID, f"etcd's members disagree, seed {seed}, logs under {workdir}:\n{done.stdout[-8000:]}"
     return seed, done
 
@@ -68,15 +70,24 @@ DEFECTS_AT_ONCE = 2
 def defect_runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Future[subprocess.CompletedProcess[str]]]]:
     """Every defect's run, DEFECTS_AT_ONCE at a time, started once for the module (each test waits for its own)."""
     workdir = tmp_path_factory.mktemp("defects")
+    # Each run at once takes its own block of ports below the ephemeral range.
+    blocks: queue.Queue[str] = queue.Queue()
+    for n in range(DEFECTS_AT_ONCE):
+        blocks.put(f"{20000 + n * 6000}-{26000 + n * 6000}")
     with ThreadPoolExecutor(DEFECTS_AT_ONCE) as pool:
-        yield {defect: pool.submit(_defect_run, workdir / defect, defect) for defect in sorted(DEFECTS)}
+        yield {defect: pool.submit(_defect_run, workdir / defect, defect, blocks) for defect in sorted(DEFECTS)}
 
 
-def _defect_run(workdir: Path, defect: str) -> subprocess.CompletedProcess[str]:
+def _defect_run(workdir: Path, defect: str, blocks: queue.Queue[str]) -> subprocess.CompletedProcess[str]:
     # A defect that keeps a fleet from converging waits out the whole convergence timeout: a short
     # one, since a defect run is judged on the violation it plants, and more of them change nothing.
     faults = ("--faults", DEFECT_FAULTS[defect]) if defect in DEFECT_FAULTS else ()
-    return judged(workdir, FIXED_SEED, DEFECT_SECONDS.get(defect, "10"), "--defect", defect, "--converge-timeout", "5", *faults)[1]
+    ports = blocks.get()
+    try:
+        return judged(workdir, FIXED_SEED, DEFECT_SECONDS.get(defect, "10"), "--defect", defect, "--converge-timeout", "5", *faults,
+                      ports=ports)[1]
+    finally:
+        blocks.put(ports)
 
 
 @pytest.mark.parametrize("defect", sorted(DEFECTS))
