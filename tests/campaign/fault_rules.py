@@ -3,7 +3,8 @@
 9. A sidecar that cannot write answers no push 204 until it can again: no request sent to a
    sidecar while all its links were partitioned (cut, reset or one-way) and answered before the
    heal got 204, unless the same change had been acknowledged before it was sent (a no-op the
-   sidecar answers from what it holds, which etcd held already); and no request sent to any
+   sidecar answers from what it holds, which etcd held already, or a remove without a revision of
+   an ingress no upsert may have stored since its last acknowledged remove); and no request sent to any
    sidecar while etcd's NOSPACE alarm was raised and answered before it was disarmed got 204,
    unless it changed nothing in what etcd held at the alarm (the same live record; for a remove, a
    tombstone at its revision or newer; for a remove without a revision, a tombstone or nothing).
@@ -41,7 +42,7 @@ def no_acknowledgement_without_quorum(requests: Sequence[Request], faults: Seque
             if not (fault.start <= request.invoked and request.completed < fault.end):
                 continue
             if any(o.status == 204 and o.ingress == request.ingress and o.revision == request.revision and o.op == request.op
-                   and o.completed < request.invoked for o in requests):
+                   and o.completed < request.invoked for o in requests) or _nothing_to_remove(requests, request):
                 continue
             out.append(Violation(9, request.ingress, f"{fault.target} partitioned ({fault.mode}) from {fault.start:.3f} to "
                                                      f"{fault.end:.3f} answered 204 to {request.op} rev {request.revision} "
@@ -66,6 +67,16 @@ def no_acknowledgement_without_space(requests: Sequence[Request], faults: Sequen
                                                      f"[{request.invoked:.3f}-{request.completed:.3f}], etcd holding "
                                                      f"{held.get(request.ingress)}"))
     return out
+
+
+def _nothing_to_remove(requests: Sequence[Request], request: Request) -> bool:
+    """A remove without a revision of an ingress no upsert may have stored since its last acknowledged
+    remove (or ever): a no-op the sidecar answers from what it holds."""
+    if request.op != "remove" or request.revision is not None:
+        return False
+    mine = [o for o in requests if o.ingress == request.ingress and o.invoked < request.invoked]
+    removed = max((o.invoked for o in mine if o.op == "remove" and o.status == 204), default=-1.0)
+    return not any(o.op == "upsert" and o.status in (0, 204) and o.invoked > removed for o in mine)
 
 
 def records_at(events: Sequence[tuple[int, dict[str, str | None]]], records_prefix: str, at: int) -> dict[str, tuple[int, bool]]:

@@ -280,3 +280,11 @@ def test_under_nospace_a_remove_of_an_ingress_etcd_holds_removed_is_a_no_op() ->
     assert 9 not in rules(history)  # a tombstone: nothing to write (rule 1 judges the rest of this history)
     history.requests.append(Request("a", "remove", "c/x", 3, 12, 12.1, 204, sidecar="s1"))
     assert 9 in rules(history)  # a newer revision than the tombstone's: a write
+
+
+def test_a_partitioned_sidecar_may_answer_a_remove_of_what_it_never_stored() -> None:
+    history = partitioned(clean())
+    history.requests.append(Request("a", "remove", "c/new", None, 11, 11.1, 204, sidecar="s1"))
+    assert 9 not in rules(history)  # nothing to remove: a no-op
+    history.requests.insert(-1, Request("a", "upsert", "c/new", 1, 10.5, 10.6, 0, sidecar="s2"))
+    assert 9 in rules(history)  # an upsert may have stored it: the remove had to be written
