@@ -69,15 +69,18 @@ DEFECTS_AT_ONCE = 2
 
 
 @pytest.fixture(scope="module")
-def defect_runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Future[subprocess.CompletedProcess[str]]]]:
-    """Every defect's run, DEFECTS_AT_ONCE at a time, started once for the module (each test waits for its own)."""
+def defect_runs(request: pytest.FixtureRequest,
+                tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Future[subprocess.CompletedProcess[str]]]]:
+    """The selected defects' runs, DEFECTS_AT_ONCE at a time, started once for the module (each test waits for its own)."""
+    selected = sorted({item.callspec.params["defect"] for item in request.session.items
+                       if hasattr(item, "callspec") and "defect" in item.callspec.params})
     workdir = tmp_path_factory.mktemp("defects")
     # Each run at once takes its own block of ports below the ephemeral range.
     blocks: queue.Queue[str] = queue.Queue()
     for n in range(DEFECTS_AT_ONCE):
         blocks.put(f"{20000 + n * 6000}-{26000 + n * 6000}")
     with ThreadPoolExecutor(DEFECTS_AT_ONCE) as pool:
-        yield {defect: pool.submit(_defect_run, workdir / defect, defect, blocks) for defect in sorted(DEFECTS)}
+        yield {defect: pool.submit(_defect_run, workdir / defect, defect, blocks) for defect in selected}
 
 
 def _defect_run(workdir: Path, defect: str, blocks: queue.Queue[str]) -> subprocess.CompletedProcess[str]:
