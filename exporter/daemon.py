@@ -71,6 +71,8 @@ class Daemon:
             # Followers' metrics follow the leader's states; the leader publishes its engine's documents.
             self._spawn("health-reader", lambda: shared.run_reader(self._shared_changed))
             self._spawn("health-publisher", lambda: shared.run_publisher(parts.health.document))
+        if parts.shards is not None:
+            self._spawn("health-shards", parts.shards.run)
         if parts.passive is not None:
             self._spawn("passive-health", parts.passive.run)
         if parts.notifier is not None:
@@ -90,9 +92,9 @@ class Daemon:
             self.parts.passive.follow_leader(self.parts.shared.docs)
 
     def _leadership_changed(self, leader: bool) -> None:
-        # Probing, repair and the periodic reconcile follow leadership.
+        # Deciding health (and probing, without sharding), repair and the periodic reconcile follow leadership.
         if not self._stopping:
-            self._spawn("lead" if leader else "follow", self._lead if leader else self.parts.health.stop)
+            self._spawn("lead" if leader else "follow", self._lead if leader else self.parts.health.step_down)
 
     async def _lead(self) -> None:
         # Probing starts from the published states before the first leader-only pass plans.
@@ -114,6 +116,8 @@ class Daemon:
         if parts.leadership is None:
             await parts.health.start()
         elif not self._electing:
+            if parts.shards is not None:
+                parts.health.start_probing()
             self._electing = True
             self._spawn("leadership", parts.leadership.run)
         if not self._following_files:

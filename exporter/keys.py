@@ -9,7 +9,8 @@ Objects several ingresses define identically (edge middlewares, servers transpor
 one object per root named from its content, `shared-<kind>-<hash>` (no `_`: it names no
 ingress), owned by the root while a router or service references it.
 Beside the roots: the records (`<records>/<authority>/<id>`), the published health documents
-(`<health>/<authority>/<id>`) and the election key.
+(`<health>/<authority>/<id>`), the probing shards (`<health>.shards/<identity>` and their
+observations `<health>.shards/<identity>/<authority>/<id>`) and the election key.
 """
 
 from __future__ import annotations
@@ -268,3 +269,28 @@ class KeyLayout:
     def health_ref(self, key: str) -> IngressRef | None:
         """The ingress of a health document key, or None."""
         return _child(self.health_dir, key)
+
+    @property
+    def shards_dir(self) -> str:
+        """The prefix of the probing shards: each sidecar's announcement, and its observations below it."""
+        return self.health_prefix + ".shards/"
+
+    def shard_key(self, identity: str) -> str:
+        """Where a sidecar announces itself as a prober (a key on its own lease)."""
+        return self.shards_dir + identity
+
+    def observation_key(self, identity: str, ref: IngressRef) -> str:
+        """Where a sidecar publishes the node states it probed for one ingress."""
+        return f"{self.shards_dir}{identity}/{ref.authority}/{ref.id}"
+
+    def shard_of(self, key: str) -> tuple[str, IngressRef | None] | None:
+        """(identity, None) for an announcement, (identity, ingress) for an observation, None for anything else."""
+        if not key.startswith(self.shards_dir):
+            return None
+        identity, sep, rest = key[len(self.shards_dir) :].partition("/")
+        if not identity:
+            return None
+        if not sep:
+            return identity, None
+        ref = _child("", rest)
+        return (identity, ref) if ref is not None else None

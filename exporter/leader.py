@@ -33,7 +33,8 @@ def default_identity() -> str:
 class Leadership:
     """Campaigns for `key`; `is_leader()` and `fence()` tell the rest of the daemon where it stands (a LeaderPolicy).
 
-    Listeners (`add_listener`) are told of every change of leadership (True: this exporter became leader).
+    Listeners (`add_listener`) are told of every change of leadership (True: this exporter became leader),
+    lease listeners (`add_lease_listener`) of every new lease (0: none held).
     """
 
     def __init__(
@@ -47,7 +48,8 @@ class Leadership:
         self.leader: str | None = None
         self.create_revision = 0
         self._listeners: list[Callable[[bool], None]] = []
-        self._lease = 0
+        self._lease_listeners: list[Callable[[int], None]] = []
+        self.__lease = 0
         self._last_renewed = 0.0
         self._stopping = False
         (metrics or Metrics()).leader.read_from(lambda: [((), 1.0 if self._leading else 0.0)])
@@ -58,7 +60,23 @@ class Leadership:
 
     def lease(self) -> int:
         """The lease this exporter campaigns with (0 before the first grant); keys tied to it die with the exporter."""
-        return self._lease
+        return self.__lease
+
+    @property
+    def _lease(self) -> int:
+        return self.__lease
+
+    @_lease.setter
+    def _lease(self, lease: int) -> None:
+        # Every change of lease is told: keys put with the old one are gone, or about to be.
+        if lease != self.__lease:
+            self.__lease = lease
+            for listener in self._lease_listeners:
+                listener(lease)
+
+    def add_lease_listener(self, listener: Callable[[int], None]) -> None:
+        """Tell `listener` of every new lease this exporter holds (0: it holds none)."""
+        self._lease_listeners.append(listener)
 
     def fence(self) -> list[Compare]:
         """The compare every leader-only transaction carries (empty when not leader)."""

@@ -127,6 +127,12 @@ class Metrics:
             "exporter_health_passive_failures_total", "failed requests to a server seen in this sidecar's access log"
         )
         self.passive_ejections = counter("exporter_health_passive_ejections_total", "servers ejected by passive health")
+        self.shard_targets = gauge(
+            "exporter_health_shard_targets", "checked servers each live sidecar probes (health.sharding on)", "sidecar"
+        )
+        self.probed_by_several = gauge(
+            "exporter_health_probed_by_several", "checked servers more than one sidecar probes, by the views they announced (0 settled)"
+        )
         self.notifications = counter("exporter_health_notifications_total", "node transitions delivered to health.notify_url")
         self.notification_failures = counter("exporter_health_notification_failures_total", "requests to health.notify_url that got no 2xx")
         self.notifications_pending = gauge("exporter_health_notifications_pending", "node transitions waiting to be delivered")

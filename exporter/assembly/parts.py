@@ -16,6 +16,7 @@ from ..health.engine import HealthEngine
 from ..health.kinds import BUILTIN
 from ..health.notify import Notifier
 from ..health.passive_monitor import PassiveMonitor
+from ..health.sharding import Shards
 from ..health.shared import SharedHealth
 from ..keys import KeyLayout
 from ..leader import Leadership, default_identity
@@ -60,6 +61,7 @@ class Parts:
     status: StatusView
     leadership: Leadership | None
     shared: SharedHealth | None
+    shards: Shards | None
     notifier: Notifier | None
     observer: TraefikObserver | None
     passive: PassiveMonitor | None
@@ -90,7 +92,8 @@ def assemble(settings: Settings, dry_run: bool = False) -> Parts:
     passive = factories.passive(settings, layout, metrics)
     health = HealthEngine(load_kinds(BUILTIN), inbox, concurrency=settings.health.concurrency, shared=shared,
                           rendered_urls=observed.server_urls, passive=passive, transitions=events, supervisor=supervisor,
-                          metrics=metrics, tracing=tracing)
+                          metrics=metrics, tracing=tracing, identity=identity)
+    shards = _shards(settings, etcd, layout, metrics, health, leadership)
     store.add_listener(health.update)
     edge = factories.edge_policy(settings)
     renderer = factories.renderer_for(settings, layout, edge)
@@ -118,7 +121,7 @@ def assemble(settings: Settings, dry_run: bool = False) -> Parts:
         settings=settings, layout=layout, metrics=metrics, supervisor=supervisor, etcd=etcd, events=events, health=health, edge=edge,
         renderer=renderer, reconciler=reconciler, serving=serving, files=files, readiness=readiness,
         status=_status(etcd, reconciler, serving, observer, health, events, readiness, leadership, discovery),
-        leadership=leadership, shared=shared, notifier=notifier, observer=observer,
+        leadership=leadership, shared=shared, shards=shards, notifier=notifier, observer=observer,
         passive=factories.passive_monitor(settings, layout, passive, health, store.ingress_of, leadership),
         discovery=discovery, tracing=tracing,
     )
@@ -130,6 +133,18 @@ def _election(
     """The campaign for the root's election key, and the health states shared through it."""
     leadership = Leadership(etcd, layout.election_key, settings.leader.ttl, identity=identity, metrics=metrics)
     return leadership, SharedHealth(etcd, layout, leadership.identity, leadership)
+
+
+def _shards(
+    settings: Settings, etcd: EtcdClient, layout: KeyLayout, metrics: Metrics, health: HealthEngine, leadership: Leadership | None
+) -> Shards | None:
+    """With `health.sharding: on`, every sidecar probes its share, announced on its election lease."""
+    if settings.health.sharding != "on" or leadership is None:
+        return None
+    shards = Shards(etcd, layout, leadership.identity, metrics)
+    health.shard_with(shards)
+    leadership.add_lease_listener(shards.lease_changed)
+    return shards
 
 
 def _status(

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from typing import Literal
 
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
     PydanticBaseSettingsSource,
@@ -95,6 +95,12 @@ class Settings(BaseSettings):
     @classmethod
     def _entrypoints(cls, value: list[str]) -> list[str]:
         return [validate_entrypoint(name) for name in value]
+
+    @model_validator(mode="after")
+    def _sharding_needs_election(self) -> Settings:
+        if self.health.sharding == "on" and not self.leader.enabled:
+            raise ValueError("health.sharding: on needs leader.enabled: each shard is announced on its sidecar's election lease")
+        return self
 
     @classmethod
     def settings_customise_sources(

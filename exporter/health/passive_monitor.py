@@ -123,7 +123,7 @@ class PassiveMonitor:
             if node is not None and ejection.expired_at is None:
                 ejection.expired_at = now
                 continue
-            if node is not None and node.success_at <= (ejection.expired_at or now):
+            if node is not None and not self._engine.probe_passed_since(owner, url, ejection.expired_at or now):
                 continue
             self.passive.release(owner, url, now)
             routed = node is None or node.routed

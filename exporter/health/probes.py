@@ -20,25 +20,31 @@ _TLS.check_hostname = False
 _TLS.verify_mode = ssl.CERT_NONE
 
 
-def _request(node: Node, check: CheckConfig) -> bytes:
+AGENT = "traefik-etcd-exporter-healthcheck"
+
+
+def _request(node: Node, check: CheckConfig, agent: str) -> bytes:
     lines = [
         f"{check.method} {check.path} HTTP/1.1",
         f"Host: {node.ip}:{node.port}",
-        "User-Agent: traefik-etcd-exporter-healthcheck",
+        f"User-Agent: {agent}",
         "Connection: close",
         *(f"{name}: {value}" for name, value in check.headers),
     ]
     return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
 
 
-async def http_probe(node: Node, check: CheckConfig) -> Outcome:
-    """Send the check request; success when the status is the expected one."""
+async def http_probe(node: Node, check: CheckConfig, agent: str = AGENT) -> Outcome:
+    """Send the check request; success when the status is the expected one.
+
+    `agent` is the User-Agent: the daemon's names the sidecar probing, so a server's log shows who probes it.
+    """
     tls = _TLS if node.url.startswith("https://") else None
     writer = None
     try:
         async with asyncio.timeout(check.timeout):
             reader, writer = await asyncio.open_connection(node.ip, node.port, ssl=tls, server_hostname=node.ip if tls else None)
-            writer.write(_request(node, check))
+            writer.write(_request(node, check, agent))
             status_line = await reader.readline()
     except TimeoutError:
         return "timeout_failure"

@@ -13,18 +13,23 @@ from functools import partial
 from typing import Any
 
 from ..keys import IngressRef
-from .checkers import CheckerTarget, checker_entry, passive_entry
+from .checkers import CheckerTarget, Node, checker_entry, passive_entry
 from .passive import PassiveHealth
 from .state import NodeHealth
 
 
 @dataclass
 class Checked:
-    """One checker target of an ingress: its node states, and the task probing it."""
+    """One checker target of an ingress: its node states, the task probing it, and which nodes it probes (None: all)."""
 
     target: CheckerTarget
     nodes: dict[str, NodeHealth]
     task: asyncio.Task[None] | None = None
+    probed: tuple[Node, ...] | None = None
+
+    def probed_nodes(self) -> tuple[Node, ...]:
+        """The nodes this sidecar probes (with sharding on, its share)."""
+        return self.target.nodes if self.probed is None else self.probed
 
 
 def entries(owner: IngressRef, targets: Mapping[str, Checked], passive: PassiveHealth | None) -> list[dict[str, Any]]:

@@ -1,6 +1,6 @@
 """Probing on a schedule: one node at a time through a shared bound, one target per task.
 
-A target's task probes all its nodes every interval (jittered by 5 %, the first probe within a
+A target's task probes its nodes (with sharding on, this sidecar's share of them) every interval (jittered by 5 %, the first probe within a
 second and spread so thousands of targets do not fire at once) and updates each node's state
 machine; a node whose routing changes is reported through `changed`.
 """
@@ -17,7 +17,7 @@ from loguru import logger
 
 from ..metrics import Metrics
 from .checkers import CheckerTarget, Node
-from .probes import http_probe, tcp_probe
+from .probes import AGENT, http_probe, tcp_probe
 from .report import Checked
 from .state import NodeHealth, Thresholds
 
@@ -25,8 +25,9 @@ from .state import NodeHealth, Thresholds
 class Prober:
     """Probes one node of a target, at most `concurrency` at once; a plugin that raises is a failed probe."""
 
-    def __init__(self, concurrency: int, metrics: Metrics) -> None:
+    def __init__(self, concurrency: int, metrics: Metrics, identity: str | None = None) -> None:
         self._limit = asyncio.Semaphore(concurrency)
+        self._agent = f"{AGENT} ({identity})" if identity else AGENT
         self._plugin_errors = metrics.plugin_errors
         # Targets and nodes whose plugin raised (logged once, until it answers again).
         self._raising: set[str] = set()
@@ -43,7 +44,7 @@ class Prober:
                 return await self._plugin_probe(target, node)
             if target.check.type == "tcp":
                 return await tcp_probe(node, target.check)
-            return await http_probe(node, target.check)
+            return await http_probe(node, target.check, self._agent)
 
     async def _plugin_probe(self, target: CheckerTarget, node: Node) -> Any:
         # A plugin's probe that raises is a failed probe of that node; checking goes on.
@@ -67,11 +68,12 @@ class Prober:
 
 async def probe_target(
     checked_now: Callable[[], Checked | None], prober: Prober, clock: Callable[[], float], metrics: Metrics,
-    changed: Callable[[str, NodeHealth, str, int], None],
+    changed: Callable[[str, NodeHealth, str, int, bool], None],
 ) -> None:
     """Probe one target every interval until `checked_now()` no longer finds it (it reads the node set anew each time).
 
-    `changed` is told of every state change: the node, its health, the probe's outcome and when the probe started (ns).
+    `changed` is told of every state change: the node, its health, the probe's outcome, when the probe started (ns)
+    and whether the node's routing changed.
     """
     checked = checked_now()
     if checked is None:
@@ -87,10 +89,11 @@ async def probe_target(
         metrics.schedule_lag.observe(max(0.0, clock() - due))
         target, check = checked.target, checked.target.check
         started = time.time_ns()
-        outcomes = await asyncio.gather(*(prober.probe(target, node) for node in target.nodes))
+        nodes = checked.probed_nodes()
+        outcomes = await asyncio.gather(*(prober.probe(target, node) for node in nodes))
         now = clock()
         limits = Thresholds(successes=1, failures=check.max_retries, initial_delay=check.initial_delay)
-        for node, outcome in zip(target.nodes, outcomes, strict=True):
+        for node, outcome in zip(nodes, outcomes, strict=True):
             health = checked.nodes.get(node.url)
             if health is None:
                 continue
@@ -98,8 +101,10 @@ async def probe_target(
             health.checked_at, health.last_outcome = time.time(), str(outcome)
             if outcome == "success":
                 health.success_at = health.checked_at
-            if health.record(outcome, now, limits):
+            state = health.state
+            if routed := health.record(outcome, now, limits):
                 metrics.health_transitions.labels(health.state.value).inc()
-                changed(node.url, health, str(outcome), started)
+            if routed or health.state is not state:
+                changed(node.url, health, str(outcome), started, routed)
         due += check.interval * random.uniform(0.95, 1.05)
         due = max(due, clock())

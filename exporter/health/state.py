@@ -26,6 +26,9 @@ class State(str, Enum):  # noqa: UP042 - StrEnum would change how a state prints
     UNHEALTHY = "unhealthy"
 
 
+_COUNTERS = ("success", "http_failure", "tcp_failure", "timeout_failure")
+
+
 @dataclass(frozen=True, slots=True)
 class Thresholds:
     """Consecutive results that flip the state."""
@@ -71,6 +74,21 @@ class NodeHealth:
         for name, value in published.get("counter", {}).items():
             setattr(self, name, int(value))
         self.added_at = min(self.added_at, grace_ended_at)
+
+    def observation(self) -> dict[str, Any]:
+        """What the sidecar probing this node publishes for the leader (`take` reads it)."""
+        return {"status": self.state.value, "counter": self.counter(), "checked_at": self.checked_at,
+                "success_at": self.success_at, "last_outcome": self.last_outcome}
+
+    def take(self, observed: dict[str, Any]) -> None:
+        """Continue from the state the sidecar probing this node published (the leader, with sharding on)."""
+        self.state = State(observed["status"])
+        for name, value in observed.get("counter", {}).items():
+            if name in _COUNTERS:
+                setattr(self, name, int(value))
+        self.checked_at = float(observed.get("checked_at", self.checked_at))
+        self.success_at = float(observed.get("success_at", self.success_at))
+        self.last_outcome = str(observed.get("last_outcome", self.last_outcome))
 
     def counter(self) -> dict[str, int]:
         """The counters in the /v1/healthcheck shape."""
