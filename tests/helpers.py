@@ -96,6 +96,9 @@ class Backend:
     status: int = 200
     health: int = 200  # what /health answers
     hits: Counter[str] = field(default_factory=Counter)
+    # Who probed /health and when (monotonic): the User-Agent names the sidecar.
+    probes: list[tuple[float, str]] = field(default_factory=list)
+    hang: bool = False  # /health accepts and never answers (a probe times out)
     ssl_context: ssl.SSLContext | None = None
     _runner: web.AppRunner | None = None
 
@@ -107,6 +110,10 @@ class Backend:
     async def start(self) -> Backend:
         async def handle(request: web.Request) -> web.Response:
             self.hits[request.path] += 1
+            if request.path == "/health":
+                self.probes.append((time.monotonic(), request.headers.get("User-Agent", "")))
+                if self.hang:
+                    await asyncio.Event().wait()  # until the server stops
             status = self.health if request.path == "/health" else self.status
             return web.Response(text=self.name, status=status)
 

@@ -53,6 +53,8 @@ class ServerRow:
     # The last active probe: when (RFC 3339, UTC) and its outcome (success, http_failure, ...).
     last_check: str | None = None
     last_outcome: str | None = None
+    # The sidecar probing it (health.sharding on).
+    prober: str | None = None
 
 
 @dataclass(frozen=True)
@@ -221,6 +223,7 @@ class StatusView:
             counters=dict(node["counter"]) if node else {}, ejected_until=until,
             last_check=_stamp(probed.checked_at) if probed is not None and probed.checked_at else None,
             last_outcome=probed.last_outcome if probed is not None and probed.checked_at else None,
+            prober=node.get("prober") if node else None,
         )
 
 

@@ -170,9 +170,13 @@ class NodeStates:
         """Checker entries in the APISIX /v1/healthcheck shape, ordered by name.
 
         A follower reports what the leader published, so every exporter answers the same.
+        With sharding on, each node names the sidecar probing it (`prober`).
         """
-        if (shared := self._followed()) is not None:
-            return report.published_entries(shared.docs, owner)
-        checked = set(self._checked) | (self.passive.owners() if self.passive else set())
-        owners = [owner] if owner is not None else sorted(checked)
-        return [entry for o in owners for entry in report.entries(o, self._checked.get(o, {}), self.passive)]
+        shared = self._followed()
+        known = set(shared.docs) if shared is not None else set(self._checked) | (self.passive.owners() if self.passive else set())
+        out = []
+        for o in [owner] if owner is not None else sorted(known):
+            mine = self._checked.get(o, {})
+            found = report.published_entries(shared.docs, o) if shared is not None else report.entries(o, mine, self.passive)
+            out += report.with_probers(found, mine, self._shards.prober) if self._shards is not None else found
+        return out

@@ -7,7 +7,7 @@ follower reads), so every sidecar answers the same.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -61,3 +61,20 @@ def document(owner: IngressRef, targets: Mapping[str, Checked], passive: Passive
         for url, health in checked.nodes.items()
     }
     return {"checkers": entries(owner, targets, passive), "nodes": nodes, **ejections}
+
+
+def with_probers(
+    found: list[dict[str, Any]], targets: Mapping[str, Checked], prober: Callable[[str, str], str | None]
+) -> list[dict[str, Any]]:
+    """The entries with each node naming the sidecar that probes it (copies: published documents stay as read)."""
+    out = []
+    for entry in found:
+        checked = targets.get(entry.get("name", ""))
+        if checked is None:
+            out.append(entry)
+            continue
+        urls = {(n.ip, n.port): n.url for n in checked.target.nodes}
+        nodes = [{**node, "prober": prober(checked.target.name, url)} if (url := urls.get((node.get("ip"), node.get("port")))) else node
+                 for node in entry.get("nodes", [])]
+        out.append({**entry, "nodes": nodes})
+    return out

@@ -105,6 +105,9 @@
         if (s.ejected_until) {
           verdict += ", ejected until " + s.ejected_until;
         }
+        if (s.prober) {
+          verdict += ", probed by " + s.prober;
+        }
         div.appendChild(el("span", "verdict", verdict));
         servers.appendChild(div);
       }
