@@ -9,7 +9,7 @@ import signal
 import subprocess
 import time
 from collections import Counter
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -154,14 +154,17 @@ async def started_fleet(fleet: Fleet, backends: list[Backend], count: int, targe
         backends.append(backend)
         pairs.append((uid(), backend))
     await fleet.push(*(ing(iid, b.url) for iid, b in pairs))
-    for iid, b in pairs:
-        await eventually(lambda iid=iid, b=b: _is(urls_in_etcd(fleet.etcd_client, iid), {b.url}), timeout=20)
+    await eventually(lambda: _all_routed(fleet.etcd_client, pairs), timeout=20)
     await eventually(lambda: settled(fleet, targets), timeout=15)
     return pairs
 
 
-async def _is(got: Any, want: set[str]) -> bool:
+async def _is(got: Awaitable[set[str]], want: set[str]) -> bool:
     return await got == want
+
+
+async def _all_routed(client: EtcdClient, pairs: list[tuple[str, Backend]]) -> bool:
+    return all([await urls_in_etcd(client, iid) == {b.url} for iid, b in pairs])
 
 
 async def test_every_target_is_probed_by_exactly_one_sidecar_per_interval(
@@ -231,7 +234,7 @@ async def test_a_killed_sidecar_s_targets_are_taken_over_without_spurious_ejecti
 
     async def taken_over() -> bool:
         # Meanwhile, nothing is ejected: every target stays in its load balancer.
-        ejected.extend(iid for iid, b in pairs if await urls_in_etcd(etcd_client, iid) != {b.url})
+        ejected.extend([iid for iid, b in pairs if await urls_in_etcd(etcd_client, iid) != {b.url}])
         return all(any(not victim.sent(a) for a in agents_since(b, killed)) for _, b in theirs)
 
     await eventually(taken_over, timeout=TTL + 5, interval=0.1)
