@@ -5,14 +5,7 @@ from __future__ import annotations
 import re
 from typing import Literal
 
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    SecretStr,
-    field_validator,
-    model_validator,
-)
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, field_validator, model_validator
 
 from .paths import ConfigGlob, ConfigPath
 
@@ -228,11 +221,8 @@ class HealthSettings(_Section):
     prefix: str = Field(
         default="", description="where the leader publishes node states (default: <records_prefix>.health)"
     )
-    sharding: Literal["off", "on"] = Field(
-        default="off",
-        description="on: every sidecar probes its share of the targets (rendezvous hashing over the live sidecars) "
-        "and the leader decides from their observations; off: the leader probes every target",
-    )
+    sharding: Literal["off", "on"] = Field(default="off", description="on: every sidecar probes its share of the targets, "
+                                           "the leader decides from their observations; off: the leader probes every target")
     passive: PassiveSettings = Field(default_factory=PassiveSettings)
     notify_url: str | None = Field(
         default=None, description="URL the leader POSTs every routed/not-routed transition of a node to (unset: none)"

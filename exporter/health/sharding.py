@@ -95,11 +95,7 @@ class Shards:
 
     def targets_per_sidecar(self) -> list[Sample]:
         """Nodes each live sidecar probes (the gauge, read at scrape)."""
-        counts = dict.fromkeys(self.members.live, 0)
-        for target, url in self._node_keys():
-            if (who := self.members.owner(target, url)) is not None:
-                counts[who] += 1
-        return [((identity,), float(n)) for identity, n in sorted(counts.items())]
+        return [((identity,), float(n)) for identity, n in sorted(self.members.shares(self._node_keys()).items())]
 
     def _node_keys(self) -> Iterator[tuple[str, str]]:
         return ((target, url) for _, target, url in self.engine.nodes()) if self.engine is not None else iter(())

@@ -78,6 +78,14 @@ class Members:
         """A node is gone: drop its cached owner."""
         self._owners.pop(node_key(target, url), None)
 
+    def shares(self, nodes: Iterable[tuple[str, str]]) -> dict[str, int]:
+        """How many of `nodes` each live sidecar probes."""
+        counts = dict.fromkeys(self.live, 0)
+        for target, url in nodes:
+            if (who := self.owner(target, url)) is not None:
+                counts[who] += 1
+        return counts
+
     def probed_by_several(self, nodes: Iterable[tuple[str, str]]) -> int:
         """How many of `nodes` more than one live sidecar probes, each by the owners its own announced view gives."""
         views = {a.view for a in self.live.values()}

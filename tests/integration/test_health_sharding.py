@@ -171,9 +171,12 @@ async def test_every_target_is_probed_by_exactly_one_sidecar_per_interval(
     fleet: Fleet, backends: list[Backend], http: aiohttp.ClientSession
 ) -> None:
     pairs = await started_fleet(fleet, backends, 3, 12)
+    written = await _shard_keys(fleet)
     since = time.monotonic()
     await eventually(lambda: _all_probed(pairs, since, 10), timeout=15)
     elapsed = time.monotonic() - since
+    # While states hold, sharding writes nothing: every announcement and observation as it was.
+    assert await _shard_keys(fleet) == written
     reported = await probers(http, fleet.sidecars[0])
     senders = set()
     for iid, backend in pairs:
@@ -190,6 +193,11 @@ async def test_every_target_is_probed_by_exactly_one_sidecar_per_interval(
     # Every sidecar answers the same.
     for sidecar in fleet.sidecars[1:]:
         assert await probers(http, sidecar) == reported
+
+
+async def _shard_keys(fleet: Fleet) -> dict[str, int]:
+    page = await fleet.etcd_client.range_prefix(f"{fleet.space}/records.health.shards/")
+    return {kv.key: kv.mod_revision for kv in page.kvs}
 
 
 async def _all_probed(pairs: list[tuple[str, Backend]], since: float, at_least: int) -> bool:
