@@ -2,12 +2,15 @@
 against a raw aiohttp request loop to the same local backends in the same run.
 
 The backends run in a separate process (4 aiohttp servers on loopback ports).
-Usage: .venv/bin/python -m bench.probe_capacity [--seconds 8] [--targets 1000,2000,3000,4000]
+With `--sidecars K`, each count of targets is probed by one sidecar process and then by K, each
+with `health.sharding: on` on a fresh etcd (the shares settle before the measurement), in the same run.
+Usage: .venv/bin/python -m bench.probe_capacity [--seconds 8] [--targets 1000,2000,3000,4000] [--sidecars 3]
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import subprocess
 import sys
 import time
@@ -15,6 +18,7 @@ import time
 import aiohttp
 from loguru import logger
 
+from bench.common import fresh_etcd
 from bench.harness import arguments, pct
 from exporter.embedded import free_port
 from exporter.health.checkers import load_kinds
@@ -47,11 +51,14 @@ class Lag:
         self.values.append(value)
 
 
-async def engine_run(ports: list[int], targets: int, seconds: float) -> tuple[float, float]:
+def lagged() -> tuple[Lag, Metrics]:
     lag = Lag()
     metrics = Metrics()
     metrics.schedule_lag = lag  # type: ignore[assignment]  # every value, for a p99 (a histogram keeps buckets)
-    engine = HealthEngine(load_kinds(BUILTIN), Inbox(), concurrency=512, metrics=metrics)
+    return lag, metrics
+
+
+def add_targets(engine: HealthEngine, ports: list[int], targets: int) -> None:
     for n in range(targets):
         port = ports[n % len(ports)]
         ingress = Ingress.model_validate({
@@ -61,6 +68,12 @@ async def engine_run(ports: list[int], targets: int, seconds: float) -> tuple[fl
             "health_check": {"enable": True, "interval": 1.0, "max_wait_time": 2.0, "initial_delay": 0},
         })
         engine.update(IngressRef("bench", f"t{n}"), ingress)
+
+
+async def engine_run(ports: list[int], targets: int, seconds: float) -> tuple[float, float]:
+    lag, metrics = lagged()
+    engine = HealthEngine(load_kinds(BUILTIN), Inbox(), concurrency=512, metrics=metrics)
+    add_targets(engine, ports, targets)
 
     def probes() -> float:
         return metrics.value("exporter_health_probes_total", {"result": "success"})
@@ -73,6 +86,46 @@ async def engine_run(ports: list[int], targets: int, seconds: float) -> tuple[fl
     rate = (probes() - start_count) / (time.perf_counter() - started)
     await engine.stop()
     return pct(lag.values, 0.99), rate
+
+
+async def sharded_run(etcd_url: str, ports: list[int], targets: int, sidecars: int, seconds: float) -> tuple[float, float, list[int]]:
+    """`sidecars` processes sharing `targets` through etcd: (the worst p99 lag, their probes/s together, each one's share)."""
+    space = f"bench-shards-{time.time_ns()}"
+    args = [etcd_url, space, str(targets), str(sidecars), str(seconds), *map(str, ports)]
+    procs = [await asyncio.create_subprocess_exec(sys.executable, "-m", "bench.probe_sidecar", *args,
+                                                  stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE)
+             for _ in range(sidecars)]
+    try:
+        for proc in procs:
+            assert proc.stdout is not None
+            line = await asyncio.wait_for(proc.stdout.readline(), timeout=120)
+            assert line.strip() == b"ready", line
+        for proc in procs:
+            assert proc.stdin is not None
+            proc.stdin.write(b"go\n")
+            await proc.stdin.drain()
+        results = [json.loads(await proc.stdout.readline()) for proc in procs if proc.stdout is not None]
+    finally:
+        for proc in procs:
+            if proc.returncode is None:
+                proc.terminate()
+            await proc.wait()
+    return max(r["p99"] for r in results), sum(r["rate"] for r in results), sorted(r["share"] for r in results)
+
+
+async def compare_sidecars(ports: list[int], counts: list[int], sidecars: int, seconds: float) -> None:
+    """Each count of targets on one sharded sidecar, then on `sidecars`, in the same run."""
+    best = dict.fromkeys((1, sidecars), 0)
+    with fresh_etcd() as etcd:
+        for n in counts:
+            for k in (1, sidecars):
+                p99, rate, shares = await sharded_run(etcd.url, ports, n, k, seconds)
+                ok = p99 < 0.1
+                best[k] = max(best[k], n) if ok else best[k]
+                print(f"{n} targets at 1 s on {k} sidecar(s) (shares {shares}): {rate:.0f} probes/s, "
+                      f"worst scheduling lag p99 {p99 * 1000:.0f} ms {'ok' if ok else '> 100 ms'}")
+    ratio = best[sidecars] / best[1] if best[1] else float("inf")
+    print(f"capacity with p99 lag < 100 ms: {best[1]} targets on 1 sidecar, {best[sidecars]} on {sidecars} ({ratio:.2f}x)")
 
 
 async def raw_rate(ports: list[int], seconds: float, concurrency: int = 64) -> float:
@@ -96,6 +149,7 @@ async def main() -> None:
     parser = arguments(__doc__, runs=None)
     parser.add_argument("--seconds", type=float, default=8)
     parser.add_argument("--targets", default="1000,1500,2000,3000")
+    parser.add_argument("--sidecars", type=int, default=0, help="compare one sharded sidecar with this many")
     args = parser.parse_args()
     logger.remove()
     ports = [free_port() for _ in range(4)]
@@ -104,6 +158,9 @@ async def main() -> None:
         await asyncio.sleep(1.5)
         raw = await raw_rate(ports, args.seconds)
         print(f"raw aiohttp loop (new connection per request, 64 in flight): {raw:.0f} requests/s")
+        if args.sidecars:
+            await compare_sidecars(ports, [int(n) for n in args.targets.split(",")], args.sidecars, args.seconds)
+            return
         best = 0
         for n in map(int, args.targets.split(",")):
             p99, rate = await engine_run(ports, n, args.seconds)

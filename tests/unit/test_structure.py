@@ -181,8 +181,8 @@ def test_the_tests_are_laid_out_like_the_package() -> None:
 
 def test_every_benchmark_runs_as_a_module_on_the_harness() -> None:
     """`python -m bench.NAME --help` works for each benchmark, each takes its arguments from the harness,
-    and none edits sys.path (floor_server and relay are processes a benchmark starts, not benchmarks)."""
-    helpers = {"__init__", "common", "harness", "floor_server", "relay"}
+    and none edits sys.path (floor_server, relay and probe_sidecar are processes a benchmark starts, not benchmarks)."""
+    helpers = {"__init__", "common", "harness", "floor_server", "relay", "probe_sidecar"}
     names = sorted(p.stem for p in (REPO / "bench").glob("*.py") if p.stem not in helpers)
     assert len(names) == 13
     assert [p.name for p in (REPO / "bench").glob("*.py") if "sys.path" in p.read_text()] == []
