@@ -19,7 +19,7 @@ import aiohttp
 from loguru import logger
 
 from bench.common import fresh_etcd
-from bench.harness import arguments, pct
+from bench.harness import arguments, median, pct
 from exporter.embedded import free_port
 from exporter.health.checkers import load_kinds
 from exporter.health.engine import HealthEngine
@@ -88,8 +88,11 @@ async def engine_run(ports: list[int], targets: int, seconds: float) -> tuple[fl
     return pct(lag.values, 0.99), rate
 
 
-async def sharded_run(etcd_url: str, ports: list[int], targets: int, sidecars: int, seconds: float) -> tuple[float, float, list[int]]:
-    """`sidecars` processes sharing `targets` through etcd: (the worst p99 lag, their probes/s together, each one's share)."""
+async def sharded_run(
+    etcd_url: str, ports: list[int], targets: int, sidecars: int, seconds: float
+) -> tuple[float, float, list[int], float]:
+    """`sidecars` processes sharing `targets` through etcd: the worst p99 lag, their probes/s together, each one's share
+    and the median CPU seconds a sidecar spends per probe."""
     space = f"bench-shards-{time.time_ns()}"
     args = [etcd_url, space, str(targets), str(sidecars), str(seconds), *map(str, ports)]
     procs = [await asyncio.create_subprocess_exec(sys.executable, "-m", "bench.probe_sidecar", *args,
@@ -110,7 +113,8 @@ async def sharded_run(etcd_url: str, ports: list[int], targets: int, sidecars: i
             if proc.returncode is None:
                 proc.terminate()
             await proc.wait()
-    return max(r["p99"] for r in results), sum(r["rate"] for r in results), sorted(r["share"] for r in results)
+    cpu = median([r["cpu"] for r in results])
+    return max(r["p99"] for r in results), sum(r["rate"] for r in results), sorted(r["share"] for r in results), cpu
 
 
 async def compare_sidecars(ports: list[int], counts: list[int], sidecars: int, seconds: float) -> None:
@@ -119,11 +123,11 @@ async def compare_sidecars(ports: list[int], counts: list[int], sidecars: int, s
     with fresh_etcd() as etcd:
         for n in counts:
             for k in (1, sidecars):
-                p99, rate, shares = await sharded_run(etcd.url, ports, n, k, seconds)
+                p99, rate, shares, cpu = await sharded_run(etcd.url, ports, n, k, seconds)
                 ok = p99 < 0.1
                 best[k] = max(best[k], n) if ok else best[k]
-                print(f"{n} targets at 1 s on {k} sidecar(s) (shares {shares}): {rate:.0f} probes/s, "
-                      f"worst scheduling lag p99 {p99 * 1000:.0f} ms {'ok' if ok else '> 100 ms'}")
+                print(f"{n} targets at 1 s on {k} sidecar(s) (shares {shares}): {rate:.0f} probes/s, {cpu * 1e6:.0f} us CPU "
+                      f"per probe per sidecar, worst scheduling lag p99 {p99 * 1000:.0f} ms {'ok' if ok else '> 100 ms'}")
     ratio = best[sidecars] / best[1] if best[1] else float("inf")
     print(f"capacity with p99 lag < 100 ms: {best[1]} targets on 1 sidecar, {best[sidecars]} on {sidecars} ({ratio:.2f}x)")
 

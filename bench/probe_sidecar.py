@@ -2,7 +2,7 @@
 
 Argv: ETCD_URL SPACE TARGETS SIDECARS SECONDS PORT...: it announces itself on a real lease with
 `health.sharding: on`, probes its share of TARGETS once SIDECARS are live, prints `ready`, waits
-for a line on stdin, measures for SECONDS and prints {"p99", "rate", "share"} as JSON.
+for a line on stdin, measures for SECONDS and prints {"p99", "rate", "share", "cpu"} (CPU seconds per probe) as JSON.
 """
 
 from __future__ import annotations
@@ -51,10 +51,11 @@ async def main(etcd_url: str, space: str, targets: int, sidecars: int, seconds: 
     def probes() -> float:
         return metrics.value("exporter_health_probes_total", {"result": "success"})
 
-    start_count, started = probes(), time.perf_counter()
+    start_count, started, cpu = probes(), time.perf_counter(), time.process_time()
     await asyncio.sleep(seconds)
-    rate = (probes() - start_count) / (time.perf_counter() - started)
-    print(json.dumps({"p99": pct(lag.values, 0.99), "rate": rate, "share": share}), flush=True)
+    done = probes() - start_count
+    rate, cpu_per_probe = done / (time.perf_counter() - started), (time.process_time() - cpu) / max(done, 1)
+    print(json.dumps({"p99": pct(lag.values, 0.99), "rate": rate, "share": share, "cpu": cpu_per_probe}), flush=True)
     await engine.stop()
     await leadership.resign()
     for task in tasks:
