@@ -181,6 +181,8 @@ class World:
             config.write_text(
                 f"etcd: {{endpoints: [{endpoints}]}}\nleader: {{ttl: {LEADER_TTL}}}\n"
                 f'writer: {{reconcile_interval: 5}}\ntraefik: {{api_url: "{traefik.api}"}}\n'
+                # The backends' flaps are probed by whichever sidecar owns each server, decided by the leader.
+                'health: {sharding: "on"}\n'
             )
             self.sidecars.append(Sidecar(f"sidecar-{n}", config, self.workdir / f"sidecar-{n}.log", links, self.command))
         for sidecar in self.sidecars:
