@@ -238,7 +238,7 @@ class Shards:
             if now != was:
                 moved.add(ref)
         if moved:
-            logger.info("health: {} nodes' ingresses move between sidecars (now {})", len(moved), ", ".join(self.members.identities()))
+            logger.info("health: probing of {} ingresses moves between sidecars (now {})", len(moved), ", ".join(self.members.identities()))
             self._queued |= moved
             self._wake.set()
         self.engine.reschedule()
