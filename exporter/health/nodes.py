@@ -34,6 +34,12 @@ class NodeStates:
     _shared: SharedHealth | None
     _rendered_urls: Callable[[IngressRef], frozenset[str]] | None
 
+    def checked_at(self, owner: IngressRef, name: str, url: str) -> float:
+        """When the probe behind this engine's state of a node ran (wall clock; 0: never)."""
+        checked = self._checked.get(owner, {}).get(name)
+        health = checked.nodes.get(url) if checked is not None else None
+        return health.checked_at if health is not None else 0.0
+
     def _route(self, owner: IngressRef, url: str, health: NodeHealth, reason: str) -> None:
         raise NotImplementedError
 

@@ -11,6 +11,8 @@ One watch follows the whole prefix, so announcements and observations arrive in 
 sidecar's observation is judged with the announcements etcd held when it was written. The leader takes
 a node's state only from its owner (by the leader's view) and only under the lease it announced: a
 sidecar whose lease expired is no one's owner, and its writes under the old lease fail in etcd.
+Nor does it take a state probed before the one its verdict came from (probe times are wall clock:
+the sidecars' clocks are kept in sync, as passive health needs too).
 """
 
 from __future__ import annotations
@@ -56,6 +58,10 @@ class Engine(Protocol):
 
     def take_observation(self, ref: IngressRef, target: str, url: str, state: dict[str, Any], writer: str) -> None:
         """The leader takes a node's state from the sidecar probing it."""
+        ...
+
+    def checked_at(self, ref: IngressRef, target: str, url: str) -> float:
+        """When the probe behind the leader's verdict on a node ran (wall clock; 0: never)."""
         ...
 
     def deciding(self) -> bool:
@@ -258,8 +264,15 @@ class Shards:
         targets = doc.get("targets")
         for target, nodes in targets.items() if isinstance(targets, dict) else ():
             for url, state in nodes.items() if isinstance(nodes, dict) else ():
-                if isinstance(state, dict) and self.members.owner(target, url) == writer:
+                if isinstance(state, dict) and self.members.owner(target, url) == writer and self._fresh(ref, target, url, state):
                     self.engine.take_observation(ref, target, url, state, writer)
+
+    def _fresh(self, ref: IngressRef, target: str, url: str, state: dict[str, Any]) -> bool:
+        # An owner's entry written before its node moved away and back again is older than the verdict
+        # another owner gave meanwhile: a verdict never moves to an older probe.
+        assert self.engine is not None
+        at = state.get("checked_at", 0)
+        return isinstance(at, int | float) and at >= self.engine.checked_at(ref, target, url)
 
 
 def _json(key: str, value: str | None) -> dict[str, Any] | None:

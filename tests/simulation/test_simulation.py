@@ -10,6 +10,8 @@ import pytest
 
 from .defects import DEFECTS
 from .run import run_seed
+from .shards import DEFECTS as SHARD_DEFECTS
+from .shards import planted, run_shard_seed
 
 # Seeds every run takes, then as many from a start drawn anew each run (printed, to replay).
 FIXED = range(1, 101)
@@ -46,3 +48,19 @@ def test_a_failure_names_the_invariant_the_seed_and_the_step_and_replays_exactly
     assert listed.stdout.split() == list(DEFECTS)
     clean = subprocess.run(command[:7], capture_output=True, text=True, timeout=120)
     assert clean.returncode == 0 and clean.stdout.startswith("1 seeds from 1: nothing found")
+
+
+def test_shard_moves_a_few_hundred_seeds_find_nothing() -> None:
+    start = random.SystemRandom().randrange(1000, 2**31)
+    print(f"shard moves: seeds 1-50 and {start}-{start + 49}")
+    for seed in [*range(1, 51), *range(start, start + 50)]:
+        failure = run_shard_seed(seed)
+        assert failure is None, f"shard moves, seed {seed}, step {failure.step}: {failure.invariant}: {failure.detail}"
+
+
+@pytest.mark.parametrize("defect", sorted(SHARD_DEFECTS))
+def test_every_planted_shard_defect_is_caught(defect: str) -> None:
+    with planted(defect):
+        found = next((seed for seed in range(1, CAUGHT_WITHIN + 1) if run_shard_seed(seed) is not None), None)
+    assert found is not None, f"{defect} not caught in {CAUGHT_WITHIN} seeds"
+    assert run_shard_seed(found) is None

@@ -103,6 +103,9 @@ class Engine:
     def deciding(self) -> bool:
         return True
 
+    def checked_at(self, ref: IngressRef, target: str, url: str) -> float:
+        return 0.0
+
 
 def _sharded(nodes: list[tuple[IngressRef, str, str]]) -> tuple[Shards, Engine]:
     layout = Settings.model_validate({}).layout()
