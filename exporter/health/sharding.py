@@ -264,15 +264,15 @@ class Shards:
         targets = doc.get("targets")
         for target, nodes in targets.items() if isinstance(targets, dict) else ():
             for url, state in nodes.items() if isinstance(nodes, dict) else ():
-                if isinstance(state, dict) and self.members.owner(target, url) == writer and self._fresh(ref, target, url, state):
+                if isinstance(state, dict) and self.members.owner(target, url) == writer and _fresh(self.engine, ref, target, url, state):
                     self.engine.take_observation(ref, target, url, state, writer)
 
-    def _fresh(self, ref: IngressRef, target: str, url: str, state: dict[str, Any]) -> bool:
-        # An owner's entry written before its node moved away and back again is older than the verdict
-        # another owner gave meanwhile: a verdict never moves to an older probe.
-        assert self.engine is not None
-        at = state.get("checked_at", 0)
-        return isinstance(at, int | float) and at >= self.engine.checked_at(ref, target, url)
+
+def _fresh(engine: Engine, ref: IngressRef, target: str, url: str, state: dict[str, Any]) -> bool:
+    # An owner's entry written before its node moved away and back again is older than the verdict
+    # another owner gave meanwhile: a verdict never moves to an older probe.
+    at = state.get("checked_at", 0)
+    return isinstance(at, int | float) and at >= engine.checked_at(ref, target, url)
 
 
 def _json(key: str, value: str | None) -> dict[str, Any] | None:
