@@ -225,12 +225,13 @@ async def test_a_backend_another_sidecar_probes_is_ejected_within_the_bound(
     await eventually(lambda: _is(urls_in_etcd(etcd_client, iid), {backend.url, spare.url}))
 
 
+@pytest.mark.parametrize("who", ["follower", "leader"])
 async def test_a_killed_sidecar_s_targets_are_taken_over_without_spurious_ejection(
-    fleet: Fleet, backends: list[Backend], etcd_client: EtcdClient
+    fleet: Fleet, backends: list[Backend], etcd_client: EtcdClient, who: str
 ) -> None:
     pairs = await started_fleet(fleet, backends, 3, 12)
     leader = await eventually(fleet.leader)
-    victim = next(s for s in fleet.sidecars if s is not leader)
+    victim = leader if who == "leader" else next(s for s in fleet.sidecars if s is not leader)
     since = time.monotonic()
     await eventually(lambda: _all_probed(pairs, since, 2))
     theirs = [(iid, b) for iid, b in pairs if any(victim.sent(a) for a in agents_since(b, since))]
