@@ -7,12 +7,17 @@ remove what they wrote.
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import urllib.request
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import pytest
+from selenium import webdriver
+from selenium.webdriver.chrome.service import Service
 
 from exporter.assembly import build_reconciler
 from exporter.config import Settings
@@ -188,3 +193,21 @@ async def api_daemon(etcd: EmbeddedEtcd, traefik: EmbeddedTraefik, workdir: Path
     await daemon.parts.reconciler.wait_synced(30)
     yield daemon
     await daemon.stop()
+
+
+@pytest.fixture(scope="session")
+def browser() -> Iterator[Any]:
+    """Debian's headless Chromium through Selenium, once per session (skipped when it is not installed)."""
+    chromium, driver_path = shutil.which("chromium"), shutil.which("chromedriver")
+    if chromium is None or driver_path is None:
+        pytest.skip("no headless browser: install Debian's chromium and chromium-driver (.ci/run does, as root)")
+    os.environ["SE_OFFLINE"] = "true"  # Selenium Manager must not try to download a browser
+    options = webdriver.ChromeOptions()
+    options.binary_location = chromium
+    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--window-size=1400,1000"):
+        options.add_argument(arg)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    driver = webdriver.Chrome(options=options, service=Service(driver_path))
+    driver.set_page_load_timeout(30)
+    yield driver
+    driver.quit()

@@ -5,6 +5,8 @@ The backends record the User-Agent of every probe, which names the sidecar that 
 
 from __future__ import annotations
 
+import asyncio
+import functools
 import signal
 import subprocess
 import time
@@ -17,6 +19,8 @@ from typing import Any
 import aiohttp
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
+from selenium.webdriver.common.by import By
 
 from exporter.embedded import EmbeddedEtcd, free_port
 from exporter.etcd.client import EtcdClient
@@ -320,3 +324,28 @@ async def _status_is(http: aiohttp.ClientSession, sidecar: Sidecar, node: tuple[
     async with http.get(f"{sidecar.control}/v1/healthcheck") as resp:
         body = await resp.json()
     return any((e["name"], n["port"]) == node and n["status"] == status for e in body for n in e["nodes"])
+
+
+async def test_the_status_page_names_the_sidecar_probing_each_server(
+    fleet: Fleet, backends: list[Backend], http: aiohttp.ClientSession, browser: Any
+) -> None:
+    pairs = await started_fleet(fleet, backends, 2, 4)
+    leader = await eventually(fleet.leader)
+    follower = next(s for s in fleet.sidecars if s is not leader)
+    reported = await probers(http, follower)
+    await asyncio.to_thread(browser.get, f"{follower.control}/")
+    for iid, backend in pairs:
+        who = reported[(f"{AUTHORITY}/{iid}/primary", backend.port)]
+        cell = f'#rows tr[data-key="{AUTHORITY}/{iid}"] td.servers'
+        await eventually(functools.partial(_shown, browser, cell, f"probed by {who}"), timeout=10, interval=0.1)
+    assert set(reported.values()) == {s.identity for s in fleet.sidecars}
+
+
+async def _shown(browser: Any, css: str, text: str) -> bool:
+    def read() -> str:
+        try:
+            return str(browser.find_element(By.CSS_SELECTOR, css).text)
+        except (StaleElementReferenceException, NoSuchElementException):
+            return ""  # replaced by a live update, or not rendered yet
+
+    return text in await asyncio.to_thread(read)

@@ -11,15 +11,13 @@ import asyncio
 import os
 import shutil
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
 import aiohttp
 import pytest
-from selenium import webdriver
 from selenium.common.exceptions import NoAlertPresentException, NoSuchElementException, StaleElementReferenceException
-from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 
 from exporter.daemon import Daemon
@@ -29,27 +27,10 @@ from tests.conftest import API_TOKEN, ROOT, settings_for
 from tests.helpers import AUTHORITY, Backend, eventually, holds, uid
 
 pytestmark = pytest.mark.integration
-CHROMIUM, DRIVER = shutil.which("chromium"), shutil.which("chromedriver")
 HEALTH = {"enable": True, "interval": 0.5, "max_retries": 1, "max_wait_time": 0.5, "initial_delay": 0}
 MAX_LAG = 1.0
 T = TypeVar("T")
 
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    if CHROMIUM is None or DRIVER is None:
-        pytest.skip("no headless browser: install Debian's chromium and chromium-driver (.ci/run does, as root)")
-    os.environ["SE_OFFLINE"] = "true"  # Selenium Manager must not try to download a browser
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--window-size=1400,1000"):
-        options.add_argument(arg)
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    driver = webdriver.Chrome(options=options, service=Service(DRIVER))
-    driver.set_page_load_timeout(30)
-    yield driver
-    driver.quit()
 
 
 @pytest.fixture(scope="module")
