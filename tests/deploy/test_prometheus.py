@@ -128,7 +128,7 @@ async def daemon(world: World, coordinator: str) -> AsyncIterator[Daemon]:
         traefik={"api_url": world.traefik.api, "poll_interval": 0.2},
         discovery={"redis_url": world.redis.url, "authorities": [AUTHORITY], "advertise": api, "ttl": 5, "heartbeat": 0.5},
         health={"passive": {"access_log": str(world.access_log), "max_failures": 3, "base_ejection_time": 60},
-                "notify_url": coordinator},
+                "notify_url": coordinator, "sharding": "on"},
         upstream={"ca_file_dirs": [str(world.ca_dir)]},
         leader={"ttl": 3}, writer={"coalesce_window": 0.01, "reconcile_interval": 2},
     )
