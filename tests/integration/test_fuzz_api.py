@@ -126,7 +126,9 @@ def test_positive_pushes_are_accepted_and_every_refusal_is_a_named_rule(fuzzed: 
 def test_negative_pushes_get_a_declared_error_and_never_a_5xx(fuzzed: Fuzzed) -> None:
     entries = schemathesis(
         fuzzed, REPO / "docs" / "openapi.yaml", "negative", "--mode", "negative", "--phases", "coverage,fuzzing",
-        "-n", "20", "--no-shrink", "-w", "2",
+        # Invalid data is drawn by filtering candidates: at some seeds (788793566) Hypothesis's filter
+        # health check stops the phase before a request is judged.
+        "-n", "20", "--no-shrink", "-w", "2", "--suppress-health-check", "filter_too_much",
         "-c", "not_a_server_error,status_code_conformance,content_type_conformance,response_schema_conformance,negative_data_rejection,"
         "unsupported_method,allow_header_conformance,missing_required_header",
     )

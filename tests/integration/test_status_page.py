@@ -111,6 +111,7 @@ class Page:
 @pytest.fixture
 async def page(browser: Any, daemon: Daemon, http: aiohttp.ClientSession, tmp_path: Path) -> AsyncIterator[Page]:
     p = Page(browser, daemon, http, tmp_path)
+    await p.run(lambda: browser.get_log("browser"))  # the session's browser: what earlier pages logged is not this test's
     yield p
     for start in range(0, len(p.pushed), 1000):  # the request bound
         await p.push(*p.pushed[start : start + 1000], path="remove")
