@@ -83,16 +83,11 @@ class NodeStates:
         # A new leader continues from its predecessor's states: no burst of spurious ejections.
         if self._shared is None:
             return
-        now = self._clock()
         if self.passive is not None:
             self.passive.adopt(self._shared.docs)
-        for owner, targets in self._checked.items():
-            published = (self._shared.docs.get(owner) or {}).get("nodes", {})
-            rendered = self._rendered_urls(owner) if self._rendered_urls is not None else frozenset()
-            for name, checked in targets.items():
-                for url, health in checked.nodes.items():
-                    if self._shards is None or not self._shards.owns(name, url):  # what it probes itself is current
-                        health.adopt(published.get(url), url in rendered, now - checked.target.check.initial_delay)
+        for owner, name, url in list(self.nodes()):
+            if self._shards is None or not self._shards.owns(name, url):  # what it probes itself is current
+                self.adopt_node(owner, name, url)
 
     def document(self, owner: IngressRef) -> dict[str, Any] | None:
         """What the leader publishes for one ingress (None: no checkers and no passive ejection)."""
@@ -125,7 +120,7 @@ class NodeStates:
                     yield owner, name, url
 
     def adopt_node(self, owner: IngressRef, name: str, url: str) -> None:
-        """A node this sidecar now probes continues from the published verdict (a share that moves ejects nothing)."""
+        """Continue a node from the published verdict (a new leader, or a node this sidecar now probes: no spurious ejection)."""
         checked = self._checked.get(owner, {}).get(name)
         if checked is None or url not in checked.nodes or self._shared is None:
             return

@@ -126,6 +126,15 @@ async def probers(http: aiohttp.ClientSession, sidecar: Sidecar) -> dict[tuple[s
     return {(e["name"], n["port"]): n.get("prober") for e in body for n in e["nodes"]}
 
 
+async def all_probers(http: aiohttp.ClientSession, sidecar: Sidecar, count: int) -> dict[tuple[str, int], str]:
+    """`probers` once the sidecar reports at least `count` nodes, each with its prober (the leader publishes soon after a change)."""
+    async def complete() -> dict[tuple[str, int], str] | None:
+        got = await probers(http, sidecar)
+        return got if len(got) >= count and None not in got.values() else None
+
+    return await eventually(complete, timeout=10)
+
+
 async def gauge(http: aiohttp.ClientSession, sidecar: Sidecar, name: str) -> dict[str, float]:
     async with http.get(f"{sidecar.control}/metrics") as resp:
         text = await resp.text()
@@ -163,6 +172,15 @@ async def started_fleet(fleet: Fleet, backends: list[Backend], count: int, targe
     return pairs
 
 
+async def with_spare(fleet: Fleet, backends: list[Backend], iid: str, backend: Backend, health: dict[str, Any] | None = None) -> Backend:
+    """A second server beside `backend`, in place: it keeps the ingress routable (the all-down policy keeps a lone server)."""
+    spare = await Backend("spare").start()
+    backends.append(spare)
+    await fleet.push({**ing(iid, backend.url, spare.url, health=health), "revision": 2})
+    await eventually(lambda: _is(urls_in_etcd(fleet.etcd_client, iid), {backend.url, spare.url}), timeout=20)
+    return spare
+
+
 async def _is(got: Awaitable[set[str]], want: set[str]) -> bool:
     return await got == want
 
@@ -181,7 +199,7 @@ async def test_every_target_is_probed_by_exactly_one_sidecar_per_interval(
     elapsed = time.monotonic() - since
     # While states hold, sharding writes nothing: every announcement and observation as it was.
     assert await _shard_keys(fleet) == written
-    reported = await probers(http, fleet.sidecars[0])
+    reported = await all_probers(http, fleet.sidecars[0], len(pairs))
     senders = set()
     for iid, backend in pairs:
         agents = agents_since(backend, since)
@@ -196,7 +214,7 @@ async def test_every_target_is_probed_by_exactly_one_sidecar_per_interval(
     assert len(senders) > 1, "the targets are spread over the sidecars"
     # Every sidecar answers the same.
     for sidecar in fleet.sidecars[1:]:
-        assert await probers(http, sidecar) == reported
+        assert await all_probers(http, sidecar, len(pairs)) == reported
 
 
 async def _shard_keys(fleet: Fleet) -> dict[str, int]:
@@ -213,13 +231,9 @@ async def test_a_backend_another_sidecar_probes_is_ejected_within_the_bound(
 ) -> None:
     pairs = await started_fleet(fleet, backends, 3, 6)
     leader = await eventually(fleet.leader)
-    reported = await probers(http, leader)
+    reported = await all_probers(http, leader, len(pairs))
     iid, backend = next((i, b) for i, b in pairs if reported[(f"{AUTHORITY}/{i}/primary", b.port)] != leader.identity)
-    # A second server keeps the ingress routable (the all-down policy would keep a lone server).
-    spare = await Backend("spare").start()
-    backends.append(spare)
-    await fleet.push({**ing(iid, backend.url, spare.url), "revision": 2})
-    await eventually(lambda: _is(urls_in_etcd(etcd_client, iid), {backend.url, spare.url}), timeout=20)
+    spare = await with_spare(fleet, backends, iid, backend)
     await backend.stop()
     died = time.monotonic()
     await eventually(lambda: _is(urls_in_etcd(etcd_client, iid), {spare.url}), interval=0.01)
@@ -270,10 +284,10 @@ async def test_a_sidecar_added_takes_only_its_own_share(
     ids = [uid() for _ in range(60)]
     await fleet.push(*(ing(iid, backend.url, health={**FAST, "interval": 1.0}) for iid in ids))
     await eventually(lambda: settled(fleet, 60), timeout=20)
-    before = await probers(http, fleet.sidecars[0])
+    before = await all_probers(http, fleet.sidecars[0], 60)
     newcomer = await fleet.add()
     await eventually(lambda: settled(fleet, 60), timeout=15)
-    after = await probers(http, fleet.sidecars[0])
+    after = await all_probers(http, fleet.sidecars[0], 60)
     moved = {node for node, who in after.items() if who != before[node]}
     assert all(after[node] == newcomer.identity for node in moved), "only the newcomer's share moves"
     # About a third: 20 expected; 8 to 32 holds at more than three standard deviations.
@@ -285,15 +299,11 @@ async def test_a_sidecar_cut_off_past_its_lease_never_outvotes_fresh_observation
 ) -> None:
     pairs = await started_fleet(fleet, backends, 3, 9)
     leader = await eventually(fleet.leader)
-    reported = await probers(http, leader)
+    reported = await all_probers(http, leader, len(pairs))
     stale = next(s for s in fleet.sidecars if s is not leader and s.identity in reported.values())
     iid, backend = next((i, b) for i, b in pairs if reported[(f"{AUTHORITY}/{i}/primary", b.port)] == stale.identity)
-    spare = await Backend("spare").start()
-    backends.append(spare)
     # Probes that time out after 2 s: back from its pause, the sidecar needs seconds to see the server dead itself.
-    slow = {**FAST, "max_wait_time": 2.0}
-    await fleet.push({**ing(iid, backend.url, spare.url, health=slow), "revision": 2})
-    await eventually(lambda: _is(urls_in_etcd(etcd_client, iid), {backend.url, spare.url}), timeout=20)
+    spare = await with_spare(fleet, backends, iid, backend, {**FAST, "max_wait_time": 2.0})
     node = (f"{AUTHORITY}/{iid}/primary", backend.port)
     # Paused past its lease, the sidecar still believes the server healthy; meanwhile it hangs and the others eject it.
     stale.proc.send_signal(signal.SIGSTOP)
@@ -332,7 +342,7 @@ async def test_the_status_page_names_the_sidecar_probing_each_server(
     pairs = await started_fleet(fleet, backends, 2, 4)
     leader = await eventually(fleet.leader)
     follower = next(s for s in fleet.sidecars if s is not leader)
-    reported = await probers(http, follower)
+    reported = await all_probers(http, follower, len(pairs))
     await asyncio.to_thread(browser.get, f"{follower.control}/")
     for iid, backend in pairs:
         who = reported[(f"{AUTHORITY}/{iid}/primary", backend.port)]
