@@ -27,7 +27,7 @@ from .history import Fault, Look, Request, Violation
 LOOK_SLACK = 1.0  # seconds between two looks, and a little more
 FRESH_WITHIN = 5.0
 # Faults after which a sidecar's mirror is held to etcd (rule 12), and those that excuse it.
-LINK_FAULTS = ("partition", "member-cut", "latency")
+LINK_FAULTS = ("partition", "reset", "member-cut", "latency")
 SIDECAR_FAULTS = ("sidecar-kill", "leader-stop", *LINK_FAULTS)
 ETCD_FAULTS = ("etcd-kill", "leader-isolate", "member-replace", "nospace")
 

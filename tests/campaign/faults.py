@@ -34,7 +34,7 @@ FOREIGN_FREEZING = f"{ROOT}/http/routers/campaign-foreign/priority"
 # to the faults of links, disks and membership.
 WEIGHTS = {
     "sidecar-kill": 1.0, "leader-stop": 1.0, "etcd-kill": 0.7, "traefik-restart": 0.5, "foreign-key": 0.4,
-    "freezing-key": 0.4, "compaction": 0.5, "backend-flap": 1.0, "partition": 1.5, "member-cut": 1.2,
+    "freezing-key": 0.4, "compaction": 0.5, "backend-flap": 1.0, "partition": 1.5, "reset": 0.6, "member-cut": 1.2,
     "leader-isolate": 0.8, "latency": 1.2, "nospace": 0.4, "member-replace": 0.4,
 }
 KINDS = tuple(WEIGHTS)
@@ -68,7 +68,8 @@ class Faults:
             "etcd-kill": lambda: etcd_faults.etcd_kill(self), "traefik-restart": self._traefik_restart,
             "foreign-key": self._foreign_key, "freezing-key": self._freezing_key,
             "compaction": lambda: etcd_faults.compaction(self), "backend-flap": self._backend_flap,
-            "partition": lambda: link_faults.partition(self), "member-cut": lambda: link_faults.member_cut(self),
+            "partition": lambda: link_faults.partition(self), "reset": lambda: link_faults.reset(self),
+            "member-cut": lambda: link_faults.member_cut(self),
             "leader-isolate": lambda: link_faults.leader_isolate(self), "latency": lambda: link_faults.latency(self),
             "nospace": lambda: etcd_faults.nospace(self), "member-replace": lambda: etcd_faults.member_replace(self),
         }

@@ -64,6 +64,10 @@ class Link:
         self._impair("drop", BOTH)
         self._drop(reset=True)
 
+    def reset(self) -> None:
+        """Reset every connection open now (as a restarted proxy or a flushed NAT table does); new ones pass."""
+        self._drop(reset=True)
+
     def delay(self, seconds: float, directions: frozenset[str] = BOTH) -> None:
         """Forward every chunk sent in `directions` `seconds` late."""
         self._impair("delay", directions)

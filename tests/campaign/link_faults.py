@@ -1,5 +1,5 @@
 """The campaign's faults of the network, through the links (link.py): a sidecar partitioned from
-all of etcd (cut, reset, or one way), a sidecar cut from one member only, the raft leader cut
+all of etcd (cut, reset, or one way), its connections reset once, a sidecar cut from one member only, the raft leader cut
 from its peers while its clients still reach it, and latency on one link."""
 
 from __future__ import annotations
@@ -35,6 +35,19 @@ async def partition(f: Faults) -> None:
             link.heal()
 
     await f.on_sidecar("partition", await f.pick_sidecar(), cut, heal, f.rng.uniform(1, LEADER_TTL + 4), mode)
+
+
+async def reset(f: Faults) -> None:
+    """Every connection of one sidecar to etcd reset once; held 0.5-3 s, for the sidecar to resume its streams."""
+
+    async def cut(s: Sidecar) -> None:
+        for link in s.links:
+            link.reset()
+
+    async def nothing(s: Sidecar) -> None:
+        return None
+
+    await f.on_sidecar("reset", await f.pick_sidecar(), cut, nothing, f.rng.uniform(0.5, 3))
 
 
 async def member_cut(f: Faults) -> None:

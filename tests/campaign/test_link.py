@@ -81,6 +81,18 @@ async def test_a_drop_resets_open_and_new_connections(link: Link) -> None:
     assert await _round_trip(link) == b"ping\n"
 
 
+async def test_a_reset_breaks_open_connections_and_lets_new_ones_through(link: Link) -> None:
+    reader, writer = await asyncio.open_connection("127.0.0.1", link.port)
+    writer.write(b"one\n")
+    assert await reader.readexactly(4) == b"one\n"
+    link.reset()
+    with pytest.raises((ConnectionError, asyncio.IncompleteReadError)):
+        writer.write(b"two\n")
+        await writer.drain()
+        await asyncio.wait_for(reader.readexactly(4), 2)
+    assert await _round_trip(link) == b"ping\n"
+
+
 async def test_a_delay_makes_each_chunk_late_but_whole_and_in_order(link: Link) -> None:
     link.delay(0.3)
     started = time.monotonic()
