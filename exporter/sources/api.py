@@ -40,6 +40,7 @@ from ..errors import (
 )
 from ..ingress import RemoveRequest, UpsertRequest, field_errors
 from ..keys import IngressRef
+from ..logs import info_line
 from ..metrics import Metrics
 from ..store.records import Record, RecordStore, Removal
 from ..tracing.hooks import NO_TRACING, PushSpan, Tracing
@@ -172,9 +173,10 @@ class PushApi:
             if request.method == "POST":
                 ingresses = _INGRESSES.get()
                 span.finish(response.status, ingresses)
-                logger.bind(route=route, status=response.status, ingresses=ingresses).info(
-                    "push {} {} {} {:.1f}ms ingresses={} request_id={}", request.method, route, response.status,
-                    (time.perf_counter() - started) * 1000, ingresses, request_id,
+                info_line(
+                    f"push {request.method} {route} {response.status} {(time.perf_counter() - started) * 1000:.1f}ms "
+                    f"ingresses={ingresses} request_id={request_id}",
+                    request_id=request_id, route=route, status=response.status, ingresses=ingresses,
                 )
         _INGRESSES.reset(counted)
         return response

@@ -27,6 +27,7 @@ from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapProp
 from opentelemetry.util.types import AttributeValue
 
 from ..keys import IngressRef
+from ..logs import add_patcher
 from .batch import BatchRecord, Staged
 from .finished import FinishedSpans
 from .hooks import ClientCall, PushSpan, Tracing, TxnRecord
@@ -216,7 +217,7 @@ class _ToLoguru(logging.Handler):
 def join_logs() -> None:
     """Every log line written inside a span names it (the JSON lines' `trace_id`, `span_id`), and the SDK
     logs through the daemon's logger."""
-    logger.configure(patcher=add_trace_ids)
+    add_patcher(add_trace_ids)
     sdk = logging.getLogger("opentelemetry")
     if not any(isinstance(h, _ToLoguru) for h in sdk.handlers):
         sdk.addHandler(_ToLoguru())

@@ -9,14 +9,16 @@ from typing import Any
 import pytest
 from loguru import logger
 
+from exporter import logs
 from exporter.config import LogSettings
-from exporter.logs import setup_logging
+from exporter.logs import info_line, setup_logging
 
 Stderr = pytest.CaptureFixture[str]
 
 
 @pytest.fixture
-def stderr(capsys: Stderr) -> Iterator[Stderr]:
+def stderr(capsys: Stderr, monkeypatch: pytest.MonkeyPatch) -> Iterator[Stderr]:
+    monkeypatch.setattr(logs._Direct, "on", False)  # restored after: the direct lines go with the JSON sink
     setup_logging(LogSettings(level="INFO", format="json"))
     yield capsys
     logger.remove()
@@ -34,6 +36,35 @@ def test_a_line_carries_time_level_message_module_and_the_bound_fields(stderr: S
     assert line["level"] == "INFO" and line["message"] == "push POST 204" and line["module"] == __name__
     assert (line["request_id"], line["route"], line["status"]) == ("r1", "/v2/ingress/upsert", 204)
     assert "T" in line["time"]
+
+
+def test_a_direct_line_is_the_line_loguru_writes_for_the_same_fields(stderr: Stderr, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(logs._Direct, "patchers", [])
+    logs.add_patcher(_mark)
+    with logger.contextualize(request_id="r1"):
+        logger.bind(route="/v2/ingress/upsert", status=204).info("{}", "push POST 204 {x}")
+    info_line("push POST 204 {x}", request_id="r1", route="/v2/ingress/upsert", status=204)
+    through, direct = _lines(stderr.readouterr().err)
+    assert set(through) == set(direct) == {"time", "level", "message", "module", "request_id", "route", "status", "marked"}
+    assert {k: v for k, v in through.items() if k != "time"} == {k: v for k, v in direct.items() if k != "time"}
+    assert direct["time"][:16] == through["time"][:16] and direct["time"][-6:] == through["time"][-6:]  # local and aware
+
+
+def _mark(record: Any) -> None:
+    record["extra"]["marked"] = True
+
+
+def test_a_direct_line_goes_through_loguru_to_any_other_sink(capsys: Stderr, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(logs._Direct, "on", False)
+    setup_logging(LogSettings(level="INFO", format="human"))
+    try:
+        info_line("push POST 204", request_id="r2")
+        assert "push POST 204" in capsys.readouterr().err
+        setup_logging(LogSettings(level="WARNING", format="json"))
+        info_line("push POST 204", request_id="r3")
+        assert capsys.readouterr().err == ""
+    finally:
+        logger.remove()
 
 
 def test_values_the_fast_encoder_refuses_are_still_written(stderr: Stderr) -> None:
