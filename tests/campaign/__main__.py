@@ -86,10 +86,10 @@ async def campaign(args: argparse.Namespace, workdir: Path) -> int:
     connector = aiohttp.TCPConnector(limit=200)
     async with aiohttp.ClientSession(connector=connector) as http:
         setup = time.monotonic()
-        await world.start(http)
-        print(f"set up in {time.monotonic() - setup:.1f}s: 3 etcd members, 2 Traefiks, 3 sidecars, {len(world.backends)} backends",
-              flush=True)
-        try:
+        try:  # a start that fails half way stops what it started too
+            await world.start(http)
+            print(f"set up in {time.monotonic() - setup:.1f}s: 3 etcd members, 2 Traefiks, 3 sidecars, {len(world.backends)} backends",
+                  flush=True)
             return await _run(args, workdir, world, http)
         finally:
             await world.stop()

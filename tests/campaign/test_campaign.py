@@ -72,8 +72,9 @@ DEFECTS_AT_ONCE = 2
 def defect_runs(request: pytest.FixtureRequest,
                 tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Future[subprocess.CompletedProcess[str]]]]:
     """The selected defects' runs, DEFECTS_AT_ONCE at a time, started once for the module (each test waits for its own)."""
+    # Only this module's: the simulation's tests take a `defect` too, which the campaign has not.
     selected = sorted({item.callspec.params["defect"] for item in request.session.items
-                       if hasattr(item, "callspec") and "defect" in item.callspec.params})
+                       if item.path == request.path and hasattr(item, "callspec") and "defect" in item.callspec.params})
     workdir = tmp_path_factory.mktemp("defects")
     # Each run at once takes its own block of ports below the ephemeral range.
     blocks: queue.Queue[str] = queue.Queue()
