@@ -30,16 +30,14 @@ class _Direct:
 
 def _json_sink(message: Any) -> None:
     record = message.record
-    line = {
-        "time": record["time"].isoformat(),
-        "level": record["level"].name,
-        "message": record["message"],
-        "module": record["name"],
-        **record["extra"],
-    }
+    line = _line(record["time"], record["level"].name, record["message"], record["name"], record["extra"])
     if record["exception"] is not None:
         line["exception"] = f"{record['exception'].type.__name__}: {record['exception'].value}"
     _write(line)
+
+
+def _line(at: datetime, level: str, message: str, module: str, extra: dict[str, Any]) -> dict[str, Any]:
+    return {"time": at.isoformat(), "level": level, "message": message, "module": module, **extra}
 
 
 def _now() -> datetime:
@@ -61,7 +59,7 @@ def info_line(message: str, **extra: Any) -> None:
     record = {"extra": extra}
     _patch(record)
     module = sys._getframe(1).f_globals["__name__"]
-    _write({"time": _now().isoformat(), "level": "INFO", "message": message, "module": module, **record["extra"]})
+    _write(_line(_now(), "INFO", message, module, record["extra"]))
 
 
 def add_patcher(patcher: Callable[[Any], None]) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import pytest
 
@@ -67,29 +67,27 @@ async def test_a_one_way_cut_lets_the_connection_open_but_no_request_through(lin
     assert await _round_trip(link) == b"ping\n"
 
 
-async def test_a_drop_resets_open_and_new_connections(link: Link) -> None:
+async def _breaks_an_open_connection(link: Link, impair: Callable[[], None]) -> None:
+    """A connection that answered before `impair` fails after it."""
     reader, writer = await asyncio.open_connection("127.0.0.1", link.port)
     writer.write(b"one\n")
     assert await reader.readexactly(4) == b"one\n"
-    link.drop()
+    impair()
     with pytest.raises((ConnectionError, asyncio.IncompleteReadError)):
         writer.write(b"two\n")
         await writer.drain()
         await asyncio.wait_for(reader.readexactly(4), 2)
+
+
+async def test_a_drop_resets_open_and_new_connections(link: Link) -> None:
+    await _breaks_an_open_connection(link, link.drop)
     assert await _round_trip(link) == b""
     link.heal()
     assert await _round_trip(link) == b"ping\n"
 
 
 async def test_a_reset_breaks_open_connections_and_lets_new_ones_through(link: Link) -> None:
-    reader, writer = await asyncio.open_connection("127.0.0.1", link.port)
-    writer.write(b"one\n")
-    assert await reader.readexactly(4) == b"one\n"
-    link.reset()
-    with pytest.raises((ConnectionError, asyncio.IncompleteReadError)):
-        writer.write(b"two\n")
-        await writer.drain()
-        await asyncio.wait_for(reader.readexactly(4), 2)
+    await _breaks_an_open_connection(link, link.reset)
     assert await _round_trip(link) == b"ping\n"
 
 

@@ -16,9 +16,16 @@ from exporter.logs import info_line, setup_logging
 Stderr = pytest.CaptureFixture[str]
 
 
+@pytest.fixture(autouse=True)
+def _direct_restored(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every test here configures the sinks: the direct lines' state is put back after it, or a later
+    test's own loguru sink would miss the lines that went straight to the JSON sink."""
+    monkeypatch.setattr(logs._Direct, "on", False)
+    monkeypatch.setattr(logs._Direct, "patchers", list(logs._Direct.patchers))
+
+
 @pytest.fixture
-def stderr(capsys: Stderr, monkeypatch: pytest.MonkeyPatch) -> Iterator[Stderr]:
-    monkeypatch.setattr(logs._Direct, "on", False)  # restored after: the direct lines go with the JSON sink
+def stderr(capsys: Stderr) -> Iterator[Stderr]:
     setup_logging(LogSettings(level="INFO", format="json"))
     yield capsys
     logger.remove()
@@ -38,8 +45,7 @@ def test_a_line_carries_time_level_message_module_and_the_bound_fields(stderr: S
     assert "T" in line["time"]
 
 
-def test_a_direct_line_is_the_line_loguru_writes_for_the_same_fields(stderr: Stderr, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(logs._Direct, "patchers", [])
+def test_a_direct_line_is_the_line_loguru_writes_for_the_same_fields(stderr: Stderr) -> None:
     logs.add_patcher(_mark)
     with logger.contextualize(request_id="r1"):
         logger.bind(route="/v2/ingress/upsert", status=204).info("{}", "push POST 204 {x}")
@@ -54,8 +60,7 @@ def _mark(record: Any) -> None:
     record["extra"]["marked"] = True
 
 
-def test_a_direct_line_goes_through_loguru_to_any_other_sink(capsys: Stderr, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(logs._Direct, "on", False)
+def test_a_direct_line_goes_through_loguru_to_any_other_sink(capsys: Stderr) -> None:
     setup_logging(LogSettings(level="INFO", format="human"))
     try:
         info_line("push POST 204", request_id="r2")
