@@ -120,8 +120,8 @@ class TraefikObserver:
 
     def _behind(self) -> bool:
         # Checked every 50 ms: from the newest beacon only, without copying the history. A
-        # Traefik not yet seen serving any beacon while records exist is checked as often: until
-        # it shows one, nothing written for it is paced (see `behind`).
+        # Traefik not yet seen serving any beacon while records exist is checked as often: what
+        # is written meanwhile waits for its first one (see `behind`).
         if self._shown is None and self._store.records:
             return True
         for view in self._views.values():
@@ -209,20 +209,25 @@ class TraefikObserver:
         return [self._views[r] for r in sorted(self._views)]
 
     def behind(self, root: str) -> bool:
-        """True when this Traefik reads `root` and has not applied the newest commit on it.
+        """True when this Traefik may read `root` and has not applied the newest commit on it.
 
-        False while that is unknown: Traefik unreachable for longer than `max_lag` (a Traefik
-        busy rebuilding a large root may not answer its API for a few seconds: until then it
-        counts as still applying), or not yet seen serving `root` (it reads another root, or
-        none of ours yet), so no root is held for a Traefik that never applies it.
+        A Traefik that has shown a beacon reads that beacon's root only. One that has shown none
+        yet (a fresh root: its first commit is on the way) is behind on each root of ours it has not
+        applied, until it shows one, or one of them has waited `max_lag` (it reads none of ours).
+        False once its API has not answered for `max_lag` (a Traefik rebuilding a large root may
+        not answer for a few seconds): no root is held for a Traefik that never applies it.
         """
-        view = self._views.get(root)
-        if view is None or self._served_root != root:
+        if self._served_root not in (None, root):
             return False
         if self._unreachable_since is not None and time.monotonic() - self._unreachable_since > self._max_lag:
             return False
         latest = self._observed.beacons.latest(root)
-        return latest is not None and latest.revision > view.applied_revision
+        # A root this sidecar first wrote since the last check has no view yet: Traefik's beacon decides.
+        view = self._views.get(root)
+        applied = view.applied_revision if view else _applied_revision(self._shown, root, self._observed.beacons.history(root))
+        if latest is None or latest.revision <= applied:
+            return False
+        return self._served_root is not None or not any(v.lag_seconds > self._max_lag for v in self._views.values())
 
     def served(self, root: str, revision: int) -> bool:
         """True when Traefik has applied `root` at `revision` or later."""
@@ -248,15 +253,7 @@ class TraefikObserver:
 
     def not_served(self, root: str, revision: int, pending: int = 0) -> NotServedInTime:
         """The error of a wait that timed out on `root` (`pending`: ingresses whose keys still wait to be written)."""
-        view = self._views.get(root) or RootConvergence(root)
-        what = f"{pending} ingress(es) committed, their keys held until Traefik applies the previous commit" if pending else (
-            f"committed at revision {revision}, but Traefik has not served it yet"
-        )
-        return NotServedInTime(
-            f"{what} ({view.state} on {root}); the change stays committed",
-            {"committed_revision": revision, "applied_revision": view.applied_revision, "state": view.state,
-             "blocking_keys": view.blocking_keys},
-        )
+        return not_served_error(self._views.get(root) or RootConvergence(root), revision, pending)
 
     def readiness(self) -> list[str]:
         """Why Traefik does not serve what is committed, once that has lasted longer than `max_lag`."""
@@ -269,6 +266,18 @@ class TraefikObserver:
                 blocked = f": blocked by key {view.blocking_keys[0]}" if view.blocking_keys else ""
                 reasons.append(f"traefik frozen on {view.root}{blocked}")
         return reasons
+
+
+def not_served_error(view: RootConvergence, revision: int, pending: int) -> NotServedInTime:
+    """Why a wait for `view`'s root at `revision` timed out (`pending`: ingresses whose keys still wait to be written)."""
+    what = f"{pending} ingress(es) committed, their keys held until Traefik applies the previous commit" if pending else (
+        f"committed at revision {revision}, but Traefik has not served it yet"
+    )
+    return NotServedInTime(
+        f"{what} ({view.state} on {view.root}); the change stays committed",
+        {"committed_revision": revision, "applied_revision": view.applied_revision, "state": view.state,
+         "blocking_keys": view.blocking_keys},
+    )
 
 
 def _applied(

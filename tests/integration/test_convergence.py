@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
@@ -47,7 +48,8 @@ async def daemon(etcd: EmbeddedEtcd, traefik: EmbeddedTraefik) -> AsyncIterator[
 
 
 class Client:
-    def __init__(self, daemon: Daemon, http: aiohttp.ClientSession) -> None:
+    def __init__(self, daemon: Daemon, http: aiohttp.ClientSession, authority: str = AUTHORITY) -> None:
+        self.authority = authority
         self.api = f"http://{daemon.settings.api.listen}"
         self.control = f"http://{daemon.settings.control.listen}"
         self.http = http
@@ -61,14 +63,14 @@ class Client:
             return resp.status, (await resp.json()) if text else None
 
     async def upsert(self, iid: str, url: str, revision: int = 1, wait: bool = False) -> tuple[int, Any]:
-        body = {"authority": AUTHORITY, "id": iid, "revision": revision, "hosts": [f"{iid}.test"],
+        body = {"authority": self.authority, "id": iid, "revision": revision, "hosts": [f"{iid}.test"],
                 "upstream": {"servers": [{"url": url}]}}
         self.pushed[iid] = revision
         return await self.push("upsert", body, wait=wait)
 
     async def remove(self, iid: str, wait: bool = False) -> tuple[int, Any]:
         revision = self.pushed.pop(iid)
-        return await self.push("remove", {"authority": AUTHORITY, "id": iid, "revision": revision}, wait=wait)
+        return await self.push("remove", {"authority": self.authority, "id": iid, "revision": revision}, wait=wait)
 
     async def convergence(self) -> dict[str, Any]:
         async with self.http.get(f"{self.control}/v1/convergence") as resp:
@@ -303,8 +305,47 @@ async def _paced_pushes(
     assert (await client.root())["paced"] == {"ingresses": 0, "oldest_seconds": 0.0}
 
 
-def _beacons_after(daemon: Daemon, revision: int) -> int:
-    return sum(1 for w in daemon.parts.reconciler.observed.beacons.history(ROOT) if w.revision > revision)
+async def test_on_a_fresh_root_what_comes_while_traefik_applies_the_first_commit_waits_for_it(
+    etcd: EmbeddedEtcd, etcd_client: EtcdClient, http: aiohttp.ClientSession, backends: list[Backend], tmp_path: Path,
+) -> None:
+    backend = await Backend("fresh").start()
+    backends.append(backend)
+    authority = uid("fresh")
+    root = f"traefik/worker_{authority}"
+    # A key Traefik cannot decode: it applies nothing of the root and shows no beacon at all, as while
+    # a fresh root's first commit waits in its provider's retry backoff, for as long as the test needs.
+    bad = f"{root}/http/routers/foreign-{uid()}/priority"
+    await etcd_client.put(bad, "abc")
+    traefik = start_traefik(tmp_path, etcd.url, root, ["web"])
+    observe = {"api_url": traefik.api, "max_lag": 60, "poll_interval": 0.2}
+    daemon = Daemon(settings_for(etcd.url, **_settings(etcd.url, traefik.api, traefik=observe)))
+    await daemon.start()
+    client = Client(daemon, http, authority)
+    try:
+        await daemon.parts.reconciler.wait_synced(30)
+        first = uid()
+        assert (await client.upsert(first, backend.url))[0] == 204  # written: nothing is known to be behind yet
+        latest = daemon.parts.reconciler.observed.beacons.latest(root)
+        assert latest is not None
+        later = [uid() for _ in range(4)]
+        for iid in later:
+            assert (await client.upsert(iid, backend.url))[0] == 204
+        assert _beacons_after(daemon, latest.revision, root) == 0, "held until Traefik shows its first beacon"
+        await etcd_client.delete(bad)
+        web = traefik.url("web")
+        for host in [f"{iid}.test" for iid in [first, *later]]:
+            await eventually(functools.partial(serves, http, web, host, body="fresh"), timeout=60)
+        assert _beacons_after(daemon, latest.revision, root) == 1, "what waited went as one commit"
+    finally:
+        await etcd_client.delete(bad)
+        for iid in list(client.pushed):
+            await client.remove(iid)
+        await daemon.stop()
+        traefik.stop()
+
+
+def _beacons_after(daemon: Daemon, revision: int, root: str = ROOT) -> int:
+    return sum(1 for w in daemon.parts.reconciler.observed.beacons.history(root) if w.revision > revision)
 
 
 async def _state_is(client: Client, state: str) -> dict[str, Any] | None:

@@ -116,6 +116,58 @@ async def test_a_traefik_serving_another_root_reports_none_of_ours(world: World)
     polls = world.api.polls
     await eventually(lambda: _polled(world, polls + 2))
     assert world.observer.roots() == []
+    assert not world.observer.behind(ROOT), "a Traefik that reads another root holds nothing of ours"
+
+
+async def test_a_traefik_that_has_shown_no_beacon_yet_is_behind_until_it_applies_the_root(world: World) -> None:
+    # A fresh root: what is written while Traefik applies its first commit waits for that commit.
+    world.commit("w.1", 10)
+    await eventually(lambda: world.state("pending"))
+    assert world.observer.behind(ROOT)
+    world.api.shown = beacon_value(ROOT, "w.1")
+    await eventually(lambda: world.state("converged"))
+    assert not world.observer.behind(ROOT)
+    world.commit("w.2", 12)
+    await eventually(lambda: world.state("pending"))
+    assert world.observer.behind(ROOT)
+
+
+def test_a_root_written_since_the_last_check_is_behind_at_once() -> None:
+    # The bulk's second request can come before the observer has checked Traefik after the first commit.
+    w = World()
+    w.commit("w.1", 10)
+    assert w.observer.roots() == [] and w.observer.behind(ROOT)
+
+
+async def test_a_root_only_another_writer_wrote_is_behind_by_what_traefik_shows() -> None:
+    # No record of this sidecar's there yet, so no view of the root: Traefik's beacon still decides.
+    w = World()
+    observer = TraefikObserver(w.api, LAYOUT, w.observed, RecordStore(), max_lag=MAX_LAG, poll_interval=0.05)
+    task = asyncio.create_task(observer.run())
+    try:
+        w.api.shown = w.commit("other.1", 10)
+        polls = w.api.polls
+        await eventually(lambda: _polled(w, polls + 2))
+        assert observer.roots() == [] and not observer.behind(ROOT)
+        w.commit("other.2", 12)
+        assert observer.behind(ROOT)
+    finally:
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+
+async def test_a_traefik_that_shows_no_beacon_for_max_lag_reads_none_of_our_roots(world: World) -> None:
+    world.commit("w.1", 10)
+    await eventually(lambda: world.state("pending"))
+    assert world.observer.behind(ROOT)
+    await eventually(lambda: world.state("frozen"), timeout=MAX_LAG + 3)
+    assert not world.observer.behind(ROOT), "it reads none of ours: nothing is held for it"
+    other = IngressRef("second", "b")
+    world.store.set(other, record("b", authority="second", upstream={"servers": [{"url": "http://10.0.0.6:80"}]}))
+    world.observed.set(LAYOUT.beacon_key(LAYOUT.root("second")), beacon_value(LAYOUT.root("second"), "w.3"), 13)
+    polls = world.api.polls
+    await eventually(lambda: _polled(world, polls + 2))
+    assert not world.observer.behind(LAYOUT.root("second")), "a root written later is not held either"
 
 
 async def test_wait_served_times_out_with_how_far_traefik_got(world: World) -> None:
