@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, SerializerFunctionWrapHandler, StrictBool, ValidationInfo, field_validator, model_serializer, model_validator
+from pydantic import Field, StrictBool, ValidationInfo, field_validator, model_validator
 
 from ..keys import IngressRef
 from .bounds import MAX_ALLOWED_IPS, MAX_ENTRYPOINTS, MAX_HOSTS, MAX_MIDDLEWARES
@@ -18,14 +18,8 @@ from .health import HealthCheck
 from .routing import IpStrategy, MiddlewareRef
 from .tls import RouterTls, UpstreamTls
 from .upstreams import AiProxyMultiUpstream, Canary, PluginUpstream, ServersUpstream, Upstream, default_kind
-from .values import Authority, Cidr, DnsLabel, EntryPoint, HostName, Integer, Strict, UrlPath, admitting, drop_unset, shared
+from .values import Authority, Cidr, DnsLabel, EntryPoint, HostName, Integer, Strict, UrlPath, admitting, shared, unset
 
-# Fields added after records were first stored: left out of the canonical JSON while unset, so a
-# stored record keeps its exact bytes (no rewrite on upgrade).
-_OPTIONAL_LATER = (
-    "tls", "middlewares", "allowed_client_ips_strategy",
-    "timeouts", "keepalive", "profile", "paths", "blocked_segments", "limits", "retry",
-)
 _DEFAULT_CHECK = HealthCheck()
 # The model-serving edge (edge.py): http only.
 _EDGE = ("timeouts", "keepalive", "profile", "paths", "blocked_segments", "limits", "retry")
@@ -46,22 +40,17 @@ class Ingress(Strict):
     health_check: HealthCheck = Field(default_factory=lambda: _DEFAULT_CHECK)
     allowed_client_ips: list[Cidr] | None = Field(default=None, min_length=1, max_length=MAX_ALLOWED_IPS)
     upstream_tls: UpstreamTls | None = None
-    tls: StrictBool | RouterTls | None = None
-    middlewares: list[MiddlewareRef] | None = Field(
-        default=None, min_length=1, max_length=MAX_MIDDLEWARES
-    )
-    allowed_client_ips_strategy: IpStrategy | None = None
-    timeouts: Timeouts | None = None
-    keepalive: StrictBool | None = None
-    profile: Profile | None = None
-    paths: list[PathRule] | None = Field(default=None, min_length=1, max_length=MAX_PATHS)
-    blocked_segments: list[Segment] | None = Field(default=None, min_length=1, max_length=MAX_BLOCKED_SEGMENTS)
-    limits: Limits | None = None
-    retry: Retry | None = None
-
-    @model_serializer(mode="wrap")
-    def _canonical(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        return drop_unset(handler(self), _OPTIONAL_LATER)
+    # The fields below were added after records were first stored: left out while unset (`unset`).
+    tls: StrictBool | RouterTls | None = Field(default=None, exclude_if=unset)
+    middlewares: list[MiddlewareRef] | None = Field(default=None, min_length=1, max_length=MAX_MIDDLEWARES, exclude_if=unset)
+    allowed_client_ips_strategy: IpStrategy | None = Field(default=None, exclude_if=unset)
+    timeouts: Timeouts | None = Field(default=None, exclude_if=unset)
+    keepalive: StrictBool | None = Field(default=None, exclude_if=unset)
+    profile: Profile | None = Field(default=None, exclude_if=unset)
+    paths: list[PathRule] | None = Field(default=None, min_length=1, max_length=MAX_PATHS, exclude_if=unset)
+    blocked_segments: list[Segment] | None = Field(default=None, min_length=1, max_length=MAX_BLOCKED_SEGMENTS, exclude_if=unset)
+    limits: Limits | None = Field(default=None, exclude_if=unset)
+    retry: Retry | None = Field(default=None, exclude_if=unset)
 
     @field_validator("upstream", mode="before")
     @classmethod

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated
 
-from pydantic import AfterValidator, Field, SerializerFunctionWrapHandler, StrictStr, field_validator, model_serializer, model_validator
+from pydantic import AfterValidator, Field, StrictStr, field_validator, model_validator
 
 from .bounds import MAX_CA_PEM_BYTES, MAX_HOSTS, MAX_TLS_DOMAINS
-from .values import HostName, Published, Strict, drop_unset, pattern
+from .values import HostName, Published, Strict, pattern, unset
 
 _RESOLVER = "^[A-Za-z0-9][A-Za-z0-9_-]{0,63}$"
 _TLS_OPTIONS = "^[A-Za-z0-9][A-Za-z0-9_-]{0,127}(@[a-z0-9-]{1,63})?$"
@@ -68,11 +68,7 @@ class UpstreamTls(Strict):
             "absolute path of a PEM file under upstream.ca_file_dirs on the sidecar (refused when none is configured);"
             " watched, rewritten when it rotates (not with ca_pem)"
         )),
-    ] | None = None
-
-    @model_serializer(mode="wrap")
-    def _canonical(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        return drop_unset(handler(self), ("ca_file",))
+    ] | None = Field(default=None, exclude_if=unset)
 
     @model_validator(mode="after")
     def _one_ca(self) -> UpstreamTls:

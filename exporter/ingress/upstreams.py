@@ -8,18 +8,16 @@ from typing import Annotated, Any, ClassVar, Literal
 from pydantic import (
     Discriminator,
     Field,
-    SerializerFunctionWrapHandler,
     StrictBool,
     StrictFloat,
     StrictInt,
     StrictStr,
     Tag,
     field_validator,
-    model_serializer,
 )
 
 from .bounds import MAX_HEADERS, MAX_INSTANCES, MAX_SERVERS
-from .values import DnsLabel, Integer, Published, Strict, UrlPath, Weight, drop_unset, parse_upstream_url, pattern, server_url
+from .values import DnsLabel, Integer, Published, Strict, UrlPath, Weight, parse_upstream_url, pattern, server_url, unset
 
 _HEADER_NAME = "^[A-Za-z0-9!#$%&'*+.^_`|~-]{1,128}$"
 _HEADER_VALUE = "^[\\x20-\\x7e\\t]{0,4096}$"
@@ -196,11 +194,7 @@ class Canary(Strict):
 
     weight: Integer = Field(ge=1, le=99)
     upstream: Upstream
-    min_ready: Annotated[StrictInt, Field(ge=1, le=MAX_SERVERS)] | Literal["all"] | None = None
-
-    @model_serializer(mode="wrap")
-    def _canonical(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
-        return drop_unset(handler(self), ("min_ready",))
+    min_ready: Annotated[StrictInt, Field(ge=1, le=MAX_SERVERS)] | Literal["all"] | None = Field(default=None, exclude_if=unset)
 
     @field_validator("upstream", mode="before")
     @classmethod

@@ -215,13 +215,11 @@ def admitting(info: ValidationInfo) -> bool:
     return not (isinstance(info.context, dict) and info.context.get("stored"))
 
 
-def drop_unset(data: dict[str, Any], names: tuple[str, ...]) -> dict[str, Any]:
-    """`data` without the fields of `names` that are None: fields added after records were first
-    stored stay out of the canonical JSON while unset, so a stored record keeps its exact bytes."""
-    for name in names:
-        if data.get(name) is None:
-            data.pop(name, None)
-    return data
+def unset(value: Any) -> bool:
+    """A field's serializer skips it when this says so (`Field(exclude_if=unset)`): fields added after
+    records were first stored stay out of the canonical JSON while unset, so a stored record keeps its
+    exact bytes. Pydantic checks it per field while it serializes, with no dict built and filtered."""
+    return value is None
 
 
 _SIMPLE_URL_RE = re.compile(
