@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import ipaddress
+import itertools
 import re
 import secrets
 import time
@@ -102,10 +103,16 @@ def error_response(error: ExporterError, request_id: str | None = None) -> web.R
     return web.json_response(body, status=status_of(error))
 
 
+# A generated request id only has to be unique: a random half per process and a counter (32 hex
+# digits), rather than 16 bytes from the OS per request, a system call each (2 % of a push's CPU).
+_ID_PREFIX = secrets.token_hex(8)
+_ID_COUNTER = itertools.count()
+
+
 def request_id_of(request: web.Request) -> str:
     """The coordinator's request id when it is a plain token (at most 128 of `A-Za-z0-9._:-`), else a new one."""
     given = request.headers.get(REQUEST_ID_HEADER, "")
-    return given if _REQUEST_ID_RE.match(given) else secrets.token_hex(16)
+    return given if _REQUEST_ID_RE.match(given) else f"{_ID_PREFIX}{next(_ID_COUNTER):016x}"
 
 
 async def read_body(request: web.Request, model: type[M], max_body_bytes: int) -> M:
