@@ -224,7 +224,9 @@ class TraefikObserver:
         latest = self._observed.beacons.latest(root)
         # A root this sidecar first wrote since the last check has no view yet: Traefik's beacon decides.
         view = self._views.get(root)
-        applied = view.applied_revision if view else _applied_revision(self._shown, root, self._observed.beacons.history(root))
+        applied = (
+            view.applied_revision if view is not None else _applied_revision(self._shown, root, self._observed.beacons.history(root))
+        )
         if latest is None or latest.revision <= applied:
             return False
         return self._served_root is not None or not any(v.lag_seconds > self._max_lag for v in self._views.values())
