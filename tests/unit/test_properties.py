@@ -62,7 +62,8 @@ def test_a_dangerous_character_anywhere_is_refused(body: dict[str, Any], field: 
         Ingress.model_validate(body)
 
 
-@settings(max_examples=200, deadline=None)
+# Generation speed is the machine's, not the code's: a busy 2-core runner trips the too_slow check.
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 @given(http_ingress(), st.text(min_size=1, max_size=80).filter(lambda a: "/" not in a and a.isprintable()))
 def test_any_free_text_authority_stays_verbatim_in_keys_and_never_reaches_an_object_name(body: dict[str, Any], authority: str) -> None:
     body["authority"] = authority
@@ -78,7 +79,7 @@ def test_any_free_text_authority_stays_verbatim_in_keys_and_never_reaches_an_obj
         assert layout.owner_of_object(f"x/http/routers/{name}") == (authority, body["id"])
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.text(max_size=70) | label | st.from_regex(r"\A[0-9]{1,5}\Z"))
 def test_ids_are_accepted_exactly_when_they_are_lowercase_dns_labels_not_all_digits(value: str) -> None:
     body = {"authority": "a", "id": value, "revision": 1, "hosts": ["a.test"], "upstream": {"servers": [{"url": "http://10.0.0.1:80"}]}}
