@@ -42,7 +42,7 @@ import itertools
 import shutil
 import tempfile
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -53,7 +53,7 @@ from bench.common import ROOT_KEY, body, ingress_body, ingress_keys, make_record
 from bench.harness import HEADERS, arguments, cpu_seconds, median, pct, start_daemon, wait_up
 from exporter.embedded import RECOMMENDED_ETCD_FLAGS, EmbeddedEtcd, EmbeddedTraefik, start_etcd, start_traefik
 from exporter.etcd.client import EtcdClient
-from exporter.etcd.types import Op
+from exporter.etcd.types import Op, WatchEvent
 from exporter.ingress import Ingress
 from exporter.keys import KeyLayout
 from exporter.store.records import Record
@@ -112,25 +112,41 @@ class Timeline:
     revisions: list[tuple[float, int]] = field(default_factory=list)
     beacons: dict[str, int] = field(default_factory=dict)  # beacon value -> etcd revision
     keys: dict[str, int] = field(default_factory=dict)  # key -> the revision that last wrote it
-    shown: list[tuple[float, int]] = field(default_factory=list)  # poll time -> revision of the beacon shown
+    shown: list[tuple[float, str | None]] = field(default_factory=list)  # poll time -> the beacon shown
+
+    def applied(self) -> tuple[list[float], list[int]]:
+        """Poll times, and the newest revision Traefik had applied by each (never decreasing). Mapped
+        now, not at the poll: a poll may see a beacon before the watch has delivered its revision."""
+        times, revisions, newest = [], [], 0
+        for at, value in self.shown:
+            newest = max(newest, self.beacons.get(value or "", 0))
+            times.append(at)
+            revisions.append(newest)
+        return times, revisions
 
     def served_at(self, key: str) -> float | None:
         """When Traefik first showed a configuration holding the revision that wrote `key` (None: not yet)."""
         written = self.keys.get(key)
-        return next((at for at, rev in self.shown if written is not None and rev >= written), None)
+        times, applied = self.applied()
+        k = bisect.bisect_left(applied, written) if written is not None else len(applied)
+        return times[k] if k < len(times) else None
 
     def applied_between(self, start: float, end: float) -> list[tuple[float, int]]:
-        """The configurations Traefik began to serve in (start, end]: each first poll showing a newer beacon."""
-        out, newest = [], max((rev for at, rev in self.shown if at <= start), default=0)
-        for at, rev in self.shown:
+        """The configurations Traefik began to serve in (start, end]: each poll showing a newer beacon."""
+        out, newest = [], 0
+        for at, rev in zip(*self.applied(), strict=True):
             if start < at <= end and rev > newest:
                 out.append((at, rev))
-                newest = rev
+            if at <= end:
+                newest = max(newest, rev)
         return out
 
 
 @asynccontextmanager
-async def _recording(etcd: EmbeddedEtcd, traefik: EmbeddedTraefik) -> AsyncIterator[Timeline]:
+async def _recording(
+    etcd: EmbeddedEtcd, traefik: EmbeddedTraefik, seen: Callable[[WatchEvent], None] | None = None,
+) -> AsyncIterator[Timeline]:
+    """A timeline of the root while the block runs; `seen` is also given every event under the root."""
     timeline = Timeline()
     async with EtcdClient([etcd.url]) as client:
         start_rev = (await client.range_prefix(BEACON)).revision + 1
@@ -144,13 +160,14 @@ async def _recording(etcd: EmbeddedEtcd, traefik: EmbeddedTraefik) -> AsyncItera
                         timeline.beacons[e.value] = e.mod_revision
                     elif e.value:
                         timeline.keys[e.key] = e.mod_revision
+                    if seen is not None:
+                        seen(e)
 
         async def poll() -> None:
             api = TraefikApi(traefik.api)
             try:
                 while True:
-                    value = await api.beacon()
-                    timeline.shown.append((time.monotonic(), timeline.beacons.get(value or "", 0)))
+                    timeline.shown.append((time.monotonic(), await api.beacon()))
                     await asyncio.sleep(0.05)
             finally:
                 await api.close()
@@ -249,56 +266,34 @@ async def _steady(
 ) -> None:
     acked: list[tuple[int, int, float]] = []  # (ingress, revision, 204 at)
     versions: dict[int, list[tuple[int, int]]] = {}  # ingress -> (etcd revision, its revision) as its keys commit
-    beacons: dict[str, int] = {}  # beacon value -> etcd revision
-    shown: list[tuple[float, str | None]] = []
-    revisions: set[int] = set()
     stop = asyncio.Event()
-    async with EtcdClient([etcd.url]) as client:
-        start_rev = (await client.range_prefix(BEACON)).revision + 1
 
-        async def watch() -> None:
-            async for events in client.watch_prefix(ROOT + "/", start_rev, idle_timeout=3600):
-                for e in events:
-                    revisions.add(e.mod_revision)
-                    if e.key == BEACON and e.value:
-                        beacons[e.value] = e.mod_revision
-                    elif e.value and e.key.endswith("/servers/000/url"):
-                        i = int(e.key.split("/services/")[1].split("/")[0].removeprefix(f"{AUTHORITY}_i"))
-                        versions.setdefault(i, []).append((e.mod_revision, int(e.value.rsplit(":", 1)[1]) - 8000))
+    def seen(e: WatchEvent) -> None:
+        if e.value and e.key.endswith("/servers/000/url"):
+            i = int(e.key.split("/services/")[1].split("/")[0].removeprefix(f"{AUTHORITY}_i"))
+            versions.setdefault(i, []).append((e.mod_revision, int(e.value.rsplit(":", 1)[1]) - 8000))
 
-        async def poll() -> None:
-            api = TraefikApi(traefik.api)
-            try:
-                while True:
-                    shown.append((time.monotonic(), await api.beacon()))
-                    await asyncio.sleep(0.05)
-            finally:
-                await api.close()
+    async def pusher(k: int) -> None:
+        # Each client updates its own share of the ingresses in place, one revision after the other.
+        mine = list(range(k, n, clients))
+        for turn in itertools.count(2):
+            for i in mine:
+                if stop.is_set():
+                    return
+                await _update(session, base, i, turn, run.edge)
+                acked.append((i, turn, time.monotonic()))
 
-        async def pusher(k: int) -> None:
-            # Each client updates its own share of the ingresses in place, one revision after the other.
-            mine = list(range(k, n, clients))
-            for turn in itertools.count(2):
-                for i in mine:
-                    if stop.is_set():
-                        return
-                    await _update(session, base, i, turn, run.edge)
-                    acked.append((i, turn, time.monotonic()))
-
-        watcher, poller = asyncio.create_task(watch()), asyncio.create_task(poll())
+    async with _recording(etcd, traefik, seen) as timeline:
         began = time.monotonic()
         tasks = [asyncio.create_task(pusher(k)) for k in range(clients)]
         await asyncio.sleep(duration)
         stop.set()
         await asyncio.gather(*tasks)
-        window_revisions = len(revisions)
+        window_revisions = len(timeline.revisions)
         deadline = time.monotonic() + 600
-        while None in _served_after(acked, versions, beacons, shown) and time.monotonic() < deadline:
+        while None in _served_after(acked, versions, timeline) and time.monotonic() < deadline:
             await asyncio.sleep(0.2)
-        watcher.cancel()
-        poller.cancel()
-        await asyncio.gather(watcher, poller, return_exceptions=True)
-    served = _served_after(acked, versions, beacons, shown)
+    served = _served_after(acked, versions, timeline)
     done = [s for s in served if s is not None]
     first = [s for (_i, _r, at), s in zip(acked, served, strict=True) if s is not None and at - began <= 10]
     last = [s for (_i, _r, at), s in zip(acked, served, strict=True) if s is not None and at - began >= duration - 10]
@@ -310,25 +305,14 @@ async def _steady(
     }
 
 
-def _applied(beacons: dict[str, int], shown: list[tuple[float, str | None]]) -> tuple[list[float], list[int]]:
-    """Poll times, and the newest revision Traefik had applied by each (never decreasing)."""
-    times, revisions, newest = [], [], 0
-    for at, value in shown:
-        newest = max(newest, beacons.get(value or "", 0))
-        times.append(at)
-        revisions.append(newest)
-    return times, revisions
-
-
 def _served_after(
-    acked: list[tuple[int, int, float]], versions: dict[int, list[tuple[int, int]]], beacons: dict[str, int],
-    shown: list[tuple[float, str | None]],
+    acked: list[tuple[int, int, float]], versions: dict[int, list[tuple[int, int]]], timeline: Timeline,
 ) -> list[float | None]:
     """Per acknowledged push: seconds from its 204 until Traefik showed it (or a newer revision of it) applied; None: not yet.
 
     Its keys committed at the first etcd revision that wrote its revision of the ingress or a newer one.
     """
-    times, applied = _applied(beacons, shown)
+    times, applied = timeline.applied()
     out: list[float | None] = []
     for i, revision, at in acked:
         committed = next((rev for rev, r in versions.get(i, ()) if r >= revision), None)
