@@ -26,16 +26,24 @@ def _stable_ports() -> range:
     return range(int(lo), int(hi)) if lo and hi else _STABLE_PORTS
 
 
+# Every port handed out in this process: one is often bound only later (a sidecar's listener, a link
+# started after the cluster), so a port free now may already be promised to another.
+_HANDED_OUT: set[int] = set()
+
+
 def stable_port() -> int:
-    """A loopback port outside the ephemeral range that is free now."""
+    """A loopback port outside the ephemeral range that is free now and was not handed out before in this process."""
     ports = _stable_ports()
     for port in random.sample(ports, min(200, len(ports))):
+        if port in _HANDED_OUT:
+            continue
         with socket.socket() as sock:
             try:
                 sock.bind(("127.0.0.1", port))
             except OSError:
                 continue
-            return port
+        _HANDED_OUT.add(port)
+        return port
     raise RuntimeError("no free port below the ephemeral range")
 
 

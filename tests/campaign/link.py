@@ -14,13 +14,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import re
 import socket
 import struct
 import time
 
+from tests.etcd_cluster import stable_port
+
 UP, DOWN = "up", "down"  # toward the port the link fronts, and back
 BOTH = frozenset({UP, DOWN})
+BIND_ATTEMPTS = 5
 SENDER = re.compile(rb"X-Server-From: ([0-9a-f]+)", re.IGNORECASE)  # a raft peer names itself on every request
 
 
@@ -48,6 +52,19 @@ class Link:
         return self.mode in ("cut", "drop")
 
     async def start(self) -> None:
+        """Listen on `port`, or on another stable port if it was taken since it was found free.
+
+        Nothing names a link's port before it listens (members and sidecars are configured after),
+        and it keeps that port for the whole run, so moving it here costs nothing.
+        """
+        for _ in range(BIND_ATTEMPTS - 1):
+            try:
+                self._server = await asyncio.start_server(self._accept, "127.0.0.1", self.port)
+                return
+            except OSError as exc:
+                if exc.errno != errno.EADDRINUSE:
+                    raise
+                self.port = stable_port()
         self._server = await asyncio.start_server(self._accept, "127.0.0.1", self.port)
 
     async def close(self) -> None:

@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator, Callable
 import pytest
 
 from tests.campaign.link import UP, Link
+from tests import etcd_cluster
 from tests.etcd_cluster import stable_port
 
 
@@ -107,3 +108,27 @@ async def test_isolating_a_member_holds_only_the_connections_it_opens(link: Link
     assert await _round_trip(link, other) == other
     link.heal()
     assert await _round_trip(link, b"X-Server-From: 8e9e05c52164694d\r\n") == b"X-Server-From: 8e9e05c52164694d\r\n"
+
+
+async def test_a_link_whose_port_was_taken_since_it_was_found_free_listens_on_another() -> None:
+    server = await asyncio.start_server(_echo, "127.0.0.1", 0)
+    taken = await asyncio.start_server(_echo, "127.0.0.1", stable_port())
+    port = taken.sockets[0].getsockname()[1]
+    one = Link(port, server.sockets[0].getsockname()[1])
+    try:
+        await one.start()
+        assert one.port != port
+        assert await _round_trip(one) == b"ping\n"
+    finally:
+        await one.close()
+        taken.close()
+        server.close()
+
+
+def test_a_stable_port_is_never_handed_out_twice_in_one_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    port = stable_port()
+    monkeypatch.setenv("EXPORTER_STABLE_PORTS", f"{port}-{port + 1}")
+    monkeypatch.setattr(etcd_cluster, "_HANDED_OUT", set())
+    assert stable_port() == port
+    with pytest.raises(RuntimeError, match="no free port"):
+        stable_port()
