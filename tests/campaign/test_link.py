@@ -9,8 +9,8 @@ from collections.abc import AsyncIterator, Callable
 
 import pytest
 
-from tests.campaign.link import UP, Link
 from tests import etcd_cluster
+from tests.campaign.link import UP, Link
 from tests.etcd_cluster import stable_port
 
 
