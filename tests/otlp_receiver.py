@@ -36,7 +36,7 @@ class ReceivedSpan:
     status_code: int
     status_message: str
     links: list[tuple[str, str]]
-    events: list[tuple[str, dict[str, Any]]]
+    events: list[tuple[str, dict[str, Any], int]]  # name, attributes, time (ns since the epoch)
     resource: dict[str, Any]
 
     @property
@@ -68,7 +68,7 @@ def decode(request: trace_service_pb2.ExportTraceServiceRequest) -> list[Receive
                     name=span.name, kind=span.kind, start_ns=span.start_time_unix_nano, end_ns=span.end_time_unix_nano,
                     attributes=_attributes(span.attributes), status_code=span.status.code, status_message=span.status.message,
                     links=[(link.trace_id.hex(), link.span_id.hex()) for link in span.links],
-                    events=[(event.name, _attributes(event.attributes)) for event in span.events], resource=resource,
+                    events=[(event.name, _attributes(event.attributes), event.time_unix_nano) for event in span.events], resource=resource,
                 ))
     return out
 

@@ -1,8 +1,11 @@
 """What one batch recorded for its pushes' spans: when each push was staged, the plans and the transactions.
 
-Spans are made when the batch is over, with the times recorded here: a plan or a transaction
-serves every push whose ingresses it covered, and each of those pushes gets its own child
-span of it, so a push's trace shows every step it went through, whatever it shared.
+A batch is one span of a trace of its own, `write batch`, with its plans and transactions as
+children, linked to every traced push it carried; each push's span links back to it. That is
+the OpenTelemetry pattern for batched work: the batch's steps are made once, not copied into
+every push's trace. A push's own span keeps its steps as events: `queued` (its validation
+done), `batch taken` (the end of its wait) and `etcd Txn` for each transaction that carried
+it, with its revision. Spans are made when the batch is over, with the times recorded here.
 """
 
 from __future__ import annotations
@@ -13,7 +16,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from opentelemetry import trace
-from opentelemetry.trace import SpanKind
+from opentelemetry.sdk.trace import Event
+from opentelemetry.trace import Link, SpanKind
 from opentelemetry.util.types import AttributeValue
 
 from ..keys import IngressRef
@@ -23,11 +27,14 @@ from .hooks import TxnRecord
 
 @dataclass(frozen=True, slots=True, eq=False)
 class Staged:
-    """A push as its intents were queued: its span, whether it waits to be served, when it was queued."""
+    """A push as its intents were queued: its span, whether it waits to be served, when it was queued,
+    and the events and links its span gets from the batches that carry it (shared with the push)."""
 
     span: trace.SpanContext
     waits: bool
     at_ns: int
+    events: list[Event] = field(default_factory=list)
+    links: list[Link] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,23 +53,39 @@ class BatchRecord:
 
     taken_ns: int
     paced_roots: frozenset[str]
+    span: trace.SpanContext | None = None  # the batch's own span, once it carries a traced push
     pushes: dict[IngressRef, list[Staged]] = field(default_factory=dict)
     plans: list[PlanRecord] = field(default_factory=list)
     txns: list[TxnRecord] = field(default_factory=list)
 
     @classmethod
-    def of(cls, staged: Sequence[tuple[Any, IngressRef]], paced_roots: frozenset[str]) -> BatchRecord:
+    def of(cls, staged: Sequence[tuple[Any, IngressRef]], paced_roots: frozenset[str], spans: FinishedSpans) -> BatchRecord:
         """The record of a batch taken now: `staged` pairs each intent's push (None: untraced) with its ingress."""
         record = cls(time.time_ns(), paced_roots)
         for push, ref in staged:
             if isinstance(push, Staged):
                 record.pushes.setdefault(ref, []).append(push)
+        if record.pushes:
+            record.span = spans.new_trace()
+            taken, link = Event("batch taken", None, record.taken_ns), Link(record.span)
+            for push in record.carried(list(record.pushes)):
+                push.events.append(taken)
+                push.links.append(link)
         return record
 
     def planned(self, started_ns: int, ended_ns: int, revision: int, refs: Sequence[IngressRef]) -> None:
         """A plan covered `refs` (kept only when a traced push asked for one of them)."""
         if self.pushes and any(ref in self.pushes for ref in refs):
             self.plans.append(PlanRecord(started_ns, ended_ns, revision, tuple(refs)))
+
+    def answered(self, txn: TxnRecord) -> None:
+        """A transaction was answered: kept, with an event on each push, when it carried a traced push's ingresses."""
+        if not (pushes := self.carried(txn.refs) if self.pushes else []):
+            return
+        self.txns.append(txn)
+        event = Event("etcd Txn", {"exporter.revision": txn.revision, "exporter.txn.succeeded": txn.succeeded}, txn.ended_ns)
+        for push in pushes:
+            push.events.append(event)
 
     def carried(self, refs: Sequence[IngressRef]) -> list[Staged]:
         """The pushes whose ingresses are among `refs`, each once."""
@@ -73,20 +96,19 @@ class BatchRecord:
         return list(out.values())
 
     def emit(self, spans: FinishedSpans) -> None:
-        """Each push's wait in the batch, and a child span of every plan and transaction that covered it."""
-        if not self.pushes:
+        """The batch's span, linked to its pushes, and a child of it for every plan and transaction."""
+        if self.span is None:
             return
-        for push in self.carried(list(self.pushes)):
-            spans.child(push.span, "batch wait", push.at_ns, self.taken_ns)
+        pushes = self.carried(list(self.pushes))
+        spans.span(self.span, None, "write batch", self.taken_ns, time.time_ns(),
+                   {"exporter.pushes": len(pushes), "exporter.ingresses": len(self.pushes)}, links=[Link(p.span) for p in pushes])
         for plan in self.plans:
             attributes: dict[str, AttributeValue] = {"exporter.mirror.revision": plan.revision, "exporter.ingresses": len(plan.refs)}
-            for push in self.carried(plan.refs):
-                spans.child(push.span, "plan", plan.started_ns, plan.ended_ns, attributes)
+            spans.child(self.span, "plan", plan.started_ns, plan.ended_ns, attributes)
         for txn in self.txns:
             attributes = {
                 "db.system.name": "etcd", "db.operation.name": "Txn", "exporter.revision": txn.revision,
                 "exporter.txn.operations": txn.operations, "exporter.txn.succeeded": txn.succeeded,
                 "exporter.ingresses": len(txn.refs),
             }
-            for push in self.carried(txn.refs):
-                spans.child(push.span, "etcd Txn", txn.started_ns, txn.ended_ns, attributes, kind=SpanKind.CLIENT)
+            spans.child(self.span, "etcd Txn", txn.started_ns, txn.ended_ns, attributes, kind=SpanKind.CLIENT)

@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 
 from opentelemetry import trace
 from opentelemetry.context import Context
-from opentelemetry.sdk.trace import ReadableSpan, SpanProcessor, TracerProvider
+from opentelemetry.sdk.trace import Event, ReadableSpan, SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.sampling import Decision
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
@@ -42,14 +42,18 @@ class FinishedSpans:
             return None
         return SpanContext(trace_id, self._ids.generate_span_id(), False, TraceFlags(TraceFlags.SAMPLED), verdict.trace_state)
 
+    def new_trace(self) -> SpanContext:
+        """A span starting a trace of its own, kept without asking the sampler: it is made only for sampled work."""
+        return SpanContext(self._ids.generate_trace_id(), self._ids.generate_span_id(), False, TraceFlags(TraceFlags.SAMPLED))
+
     def span(
         self, context: SpanContext, parent: SpanContext | None, name: str, start: int, end: int,
         attributes: Mapping[str, AttributeValue] | None = None, *, kind: SpanKind = SpanKind.INTERNAL, error: str | None = None,
-        links: Sequence[Link] = (),
+        links: Sequence[Link] = (), events: Sequence[Event] = (),
     ) -> None:
         """The span `context` from `start` to `end` (ns since the epoch); `error`: it failed, of this type."""
         self._processor.on_end(ReadableSpan(
-            name, context, parent if parent is not None and parent.is_valid else None, self._resource, attributes or {}, (), links,
+            name, context, parent if parent is not None and parent.is_valid else None, self._resource, attributes or {}, events, links,
             kind, None, Status(StatusCode.ERROR, error) if error is not None else _OK, start, end, SCOPE,
         ))
 

@@ -1,11 +1,12 @@
 """Tracing with OpenTelemetry: the hooks of `tracing/hooks.py` as spans (imported only when `otel.enabled`).
 
-A push is a SERVER span continuing the coordinator's `traceparent`. Its steps are recorded
-as they happen and made as finished spans (`tracing/finished.py`): its validation (from the
-request's arrival to its intents being queued, or to its refusal) at once, its wait in the
-batch, the plans that covered it and the transactions that carried it once the batch is
-written (`tracing/batch.py`). Each revision committed under a root becomes a
-`traefik served` span once the observer sees Traefik serve it (`tracing/served.py`).
+A push is a SERVER span continuing the coordinator's `traceparent`, made when it ends
+(`tracing/finished.py`). Its steps are events of it: `queued` when its validation is done
+and its intents are queued, `batch taken` when the write loop took them, `etcd Txn` for each
+transaction that carried them. The batch that wrote it is a span of its own, linked both
+ways, with the plans and transactions as children (`tracing/batch.py`). Each revision
+committed under a root becomes a `traefik served` span once the observer sees Traefik serve
+it (`tracing/served.py`); a push that waits to be served is its parent.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from urllib.parse import urlsplit
 from loguru import logger
 from opentelemetry import trace
 from opentelemetry.context import Context
-from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
+from opentelemetry.sdk.trace import Event, SpanProcessor, TracerProvider
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from opentelemetry.util.types import AttributeValue
@@ -45,28 +46,25 @@ _BATCH: ContextVar[BatchRecord | None] = ContextVar("exporter_batch", default=No
 class _OtelPush(PushSpan):
     """A sampled push: its context, current while it runs; the span itself is made when it ends."""
 
-    def __init__(self, span: SpanContext, parent: SpanContext, waits: bool, spans: FinishedSpans,
-                 attributes: dict[str, AttributeValue]) -> None:
+    def __init__(self, span: SpanContext, parent: SpanContext, waits: bool, attributes: dict[str, AttributeValue]) -> None:
         self.span = span
         self.parent = parent
         self.waits = waits
-        self._spans = spans
         self.attributes = attributes
         self.error: str | None = None
         self.arrived_ns = time.time_ns()
-        self.validated = False
+        # Its steps, filled in by the batches that carry it (tracing/batch.py).
+        self.events: list[Event] = []
+        self.links: list[Link] = []
 
-    def validate(self, error: str | None = None) -> int:
-        """The validation span, once: from the push's arrival to now; returns now."""
+    def queued(self) -> Staged:
+        """Its intents are queued: the end of its validation, an event of its span."""
         now = time.time_ns()
-        if not self.validated:
-            self.validated = True
-            self._spans.child(self.span, "validate", self.arrived_ns, now, {"error.type": error} if error else None, error=error)
-        return now
+        self.events.append(Event("queued", None, now))
+        return Staged(self.span, self.waits, now, self.events, self.links)
 
     def refused(self, error_type: str) -> None:
         self.error = error_type
-        self.validate(error_type)
 
     def finish(self, status: int, ingresses: int) -> None:
         self.attributes["http.response.status_code"] = status
@@ -116,23 +114,24 @@ class OtelTracing(Tracing):
         if context is None:
             yield self.NO_SPAN
             return
-        handle = _OtelPush(context, trace.get_current_span(parent).get_span_context(), waits, self._spans, attributes)
+        handle = _OtelPush(context, trace.get_current_span(parent).get_span_context(), waits, attributes)
         token = _PUSH.set(handle)
         try:
             with trace.use_span(trace.NonRecordingSpan(context), end_on_exit=False):
                 yield handle
         finally:
             _PUSH.reset(token)
+            # Copies: a later batch (keys held for pacing) may still add to the lists after the span is handed on.
             self._spans.span(context, handle.parent, name, handle.arrived_ns, time.time_ns(), handle.attributes, kind=SpanKind.SERVER,
-                             error=handle.error)
+                             error=handle.error, events=tuple(handle.events), links=tuple(handle.links))
 
     def staged(self) -> Staged | None:
         push = _PUSH.get()
-        return Staged(push.span, push.waits, push.validate()) if push is not None else None
+        return push.queued() if push is not None else None
 
     @contextlib.contextmanager
     def batch(self, staged: Sequence[tuple[Any, IngressRef]], paced_roots: frozenset[str]) -> Iterator[None]:
-        record = BatchRecord.of(staged, paced_roots)
+        record = BatchRecord.of(staged, paced_roots, self._spans)
         token = _BATCH.set(record)
         try:
             yield
@@ -147,7 +146,7 @@ class OtelTracing(Tracing):
     def txn(self, record: TxnRecord) -> None:
         batch = _BATCH.get()
         if batch is not None:
-            batch.txns.append(record)
+            batch.answered(record)
         if record.succeeded and self._observed:
             self._served.committed(record, batch)
 

@@ -130,8 +130,7 @@ async def test_a_push_is_traced_from_its_traceparent_to_traefik_serving_it(
         logger.remove(sink)
         stop.set()
         await traced.push("remove", {"ingresses": [{"authority": AUTHORITY, "id": iid, "revision": 1}]}, {})
-    spans = await traced.spans_of(trace_id, "POST /v2/ingress/upsert", "validate", "batch wait",
-                                  "plan", "etcd Txn", "traefik served")
+    spans = await traced.spans_of(trace_id, "POST /v2/ingress/upsert", "traefik served")
     by_name = {s.name: s for s in spans}
     server = by_name["POST /v2/ingress/upsert"]
     assert server.kind == SERVER and server.parent_span_id == parent and not server.error
@@ -141,14 +140,28 @@ async def test_a_push_is_traced_from_its_traceparent_to_traefik_serving_it(
     }
     assert server.resource["service.name"] == "exporter-under-test"
     assert server.resource["service.instance.id"] and server.resource["service.version"]
-    for name in ("validate", "batch wait", "plan", "etcd Txn", "traefik served"):
-        assert by_name[name].parent_span_id == server.span_id, name
+    # Its steps are events of its span, in order: validated and queued, taken by a batch, carried by a transaction.
+    names = [name for name, _attributes, _at in server.events]
+    assert names[:2] == ["queued", "batch taken"] and "etcd Txn" in names[2:], names
+    times = [at for _name, _attributes, at in server.events]
+    assert server.start_ns <= times[0] and times == sorted(times) and times[-1] <= server.end_ns
+    committed = {attributes["exporter.revision"] for name, attributes, _at in server.events
+                 if name == "etcd Txn" and attributes["exporter.txn.succeeded"]}
+    assert stored.mod_revision in committed
+    # The batch that wrote it is a trace of its own, linked both ways, with its plan and transactions.
+    ((batch_trace, batch_id),) = server.links
+    batch_spans = await traced.spans_of(batch_trace, "write batch", "plan", "etcd Txn")
+    batch = next(s for s in batch_spans if s.name == "write batch")
+    assert batch.span_id == batch_id and (trace_id, server.span_id) in batch.links and batch.start_ns == times[1]
+    assert batch.attributes["exporter.pushes"] >= 1 and batch.attributes["exporter.ingresses"] >= 1
+    assert all(s.parent_span_id == batch.span_id for s in batch_spans if s is not batch)
     # The transaction that carried the record committed at the revision etcd holds it at.
-    txns = [s for s in spans if s.name == "etcd Txn" and s.attributes["exporter.txn.succeeded"]]
+    txns = [s for s in batch_spans if s.name == "etcd Txn" and s.attributes["exporter.txn.succeeded"]]
     revisions = {s.attributes["exporter.revision"] for s in txns}
     assert stored.mod_revision in revisions
     assert txns[0].kind == CLIENT and txns[0].attributes["db.system.name"] == "etcd"
     assert txns[0].attributes["db.operation.name"] == "Txn" and txns[0].attributes["exporter.txn.operations"] >= 3
+    assert by_name["traefik served"].parent_span_id == server.span_id
     served = by_name["traefik served"]
     assert (trace_id, server.span_id) in served.links
     assert served.attributes["exporter.root"] == traced.daemon.parts.layout.root(AUTHORITY)
@@ -168,13 +181,11 @@ async def test_a_refused_push_ends_its_span_with_the_error_type(traced: Traced) 
     trace_id, parent, traceparent = _traceparent()
     body = {"ingresses": [{"authority": AUTHORITY, "id": uid("bad"), "revision": 1, "hosts": ["not a host"]}]}
     assert await traced.push("upsert", body, {"traceparent": traceparent}) == 400
-    spans = await traced.spans_of(trace_id, "POST /v2/ingress/upsert", "validate")
-    server = next(s for s in spans if s.name == "POST /v2/ingress/upsert")
+    (server,) = await traced.spans_of(trace_id, "POST /v2/ingress/upsert")
     assert server.parent_span_id == parent and server.error and server.status_message == "ValidationFailed"
     assert server.attributes["http.response.status_code"] == 400 and server.attributes["error.type"] == "ValidationFailed"
-    validate = next(s for s in spans if s.name == "validate")
-    assert validate.error and validate.parent_span_id == server.span_id
-    assert {s.name for s in spans}.isdisjoint({"batch wait", "etcd Txn"})
+    assert server.events == [] and server.links == []  # never queued, never in a batch
+    spans = [server]
     # Never a body, a token or a header in an attribute.
     text = repr([s.attributes for s in spans])
     assert "not a host" not in text and API_TOKEN not in text
@@ -317,7 +328,7 @@ async def test_a_probe_that_ejects_a_server_is_a_span_and_its_notification_carri
     assert call.kind == CLIENT and call.name == "POST" and call.attributes["http.response.status_code"] == 204
     assert call.attributes["server.port"] == port and call.attributes["exporter.notification.events"] >= 1
     probe = probes[0]
-    (event, change), = probe.events
+    (event, change, _at), = probe.events
     assert event == "state change" and change["exporter.ingress"] == f"{AUTHORITY}/{iid}" and change["exporter.health.routed"] == "false"
     assert (probe.trace_id, probe.span_id) in call.links
     assert probe.start_ns <= probe.end_ns <= call.start_ns

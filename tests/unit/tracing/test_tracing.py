@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import contextlib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -49,25 +50,45 @@ def _push(tracing: OtelTracing, waits: bool = False) -> object:
         return tracing.staged()
 
 
-def test_a_batch_gives_each_push_its_wait_its_plan_and_the_transactions_that_carried_it(
+@contextlib.contextmanager
+def _open_push(tracing: OtelTracing) -> Iterator[object]:
+    """A push whose intents are queued, open until the block ends (as a handler waits for its batch)."""
+    with tracing.push("POST", "/v2/ingress/upsert", {}, "req", False):
+        yield tracing.staged()
+
+
+def test_a_batch_is_one_span_linked_both_ways_to_its_pushes_whose_spans_carry_its_steps_as_events(
     spans: tuple[OtelTracing, InMemorySpanExporter],
 ) -> None:
     tracing, exporter = spans
-    one, two = _push(tracing), _push(tracing)
-    with tracing.batch([(one, A), (two, B), (None, IngressRef("w", "untraced"))], frozenset()):
-        tracing.planned(10, 7, [A, B])
-        tracing.txn(_txn(8, A))
-        tracing.txn(_txn(9, B, ok=False))
-    pushes = {s.context.span_id: s for s in exporter.get_finished_spans() if s.name == "POST /v2/ingress/upsert"}
-    assert len(pushes) == 2
-    for name, count in (("batch wait", 2), ("plan", 2), ("etcd Txn", 2)):
+    with contextlib.ExitStack() as open_pushes:
+        one, two = (open_pushes.enter_context(_open_push(tracing)) for _ in range(2))
+        with tracing.batch([(one, A), (two, B), (None, IngressRef("w", "untraced"))], frozenset()):
+            tracing.planned(10, 7, [A, B])
+            tracing.txn(_txn(8, A))
+            tracing.txn(_txn(9, B, ok=False))
+            tracing.txn(_txn(10, IngressRef("w", "untraced")))  # carries no traced push: not in the batch's trace
+        assert not _named(exporter, "POST /v2/ingress/upsert")  # a push's span is made at its end
+    pushes = {s.context.span_id: s for s in _named(exporter, "POST /v2/ingress/upsert")}
+    (batch,) = _named(exporter, "write batch")
+    assert len(pushes) == 2 and batch.parent is None and batch.context.trace_id not in {s.context.trace_id for s in pushes.values()}
+    assert {link.context.span_id for link in batch.links} == set(pushes)
+    assert batch.attributes == {"exporter.pushes": 2, "exporter.ingresses": 2}
+    for push in pushes.values():
+        assert [link.context.span_id for link in push.links] == [batch.context.span_id]
+    for name, count in (("plan", 1), ("etcd Txn", 2)):
         made = _named(exporter, name)
-        assert len(made) == count and {s.parent.span_id for s in made if s.parent} == set(pushes), name
+        assert len(made) == count and all(s.parent is not None and s.parent.span_id == batch.context.span_id for s in made), name
     txns = {s.attributes["exporter.revision"]: s for s in _named(exporter, "etcd Txn") if s.attributes}
     assert txns[8].attributes == {"db.system.name": "etcd", "db.operation.name": "Txn", "exporter.revision": 8,
                                   "exporter.txn.operations": 5, "exporter.txn.succeeded": True, "exporter.ingresses": 1}
     assert txns[9].attributes is not None and txns[9].attributes["exporter.txn.succeeded"] is False
-    assert (txns[8].start_time, txns[8].end_time) == (1_000, 2_000)
+    assert (txns[8].start_time, txns[8].end_time) == (1_000, 2_000) and 10 not in txns
+    # Each push's own steps: queued, taken by the batch, the transaction that carried it.
+    (carried_a,) = (s for s in pushes.values() if s.events[-1].attributes == {"exporter.revision": 8, "exporter.txn.succeeded": True})
+    assert [e.name for e in carried_a.events] == ["queued", "batch taken", "etcd Txn"]
+    assert carried_a.events[1].timestamp == batch.start_time and carried_a.events[2].timestamp == 2_000
+    assert carried_a.events[0].timestamp <= batch.start_time
 
 
 def test_a_commit_is_served_once_traefik_shows_its_revision_or_a_later_one(spans: tuple[OtelTracing, InMemorySpanExporter]) -> None:
@@ -123,22 +144,21 @@ def test_without_an_observer_no_commit_waits_and_the_pending_are_bounded(
     assert [s.attributes["exporter.revision"] for s in _named(exporter, "traefik served") if s.attributes] == [8, 9, 10]
 
 
-def test_validation_ends_at_staging_or_at_a_refusal_with_the_error_type(spans: tuple[OtelTracing, InMemorySpanExporter]) -> None:
+def test_a_refused_push_is_one_span_with_the_error_type_and_a_queued_one_says_when(
+    spans: tuple[OtelTracing, InMemorySpanExporter],
+) -> None:
     tracing, exporter = spans
     with tracing.push("POST", "/v2/ingress/remove", {"traceparent": "00-" + "ab" * 16 + "-" + "cd" * 8 + "-01"}, "r", False) as push:
         push.refused("ValidationFailed")
         push.finish(400, 0)
-    validate, server = exporter.get_finished_spans()
-    assert validate.name == "validate" and validate.status.description == "ValidationFailed"
-    assert validate.attributes == {"error.type": "ValidationFailed"} and validate.parent is not None
-    assert validate.parent.span_id == server.context.span_id and validate.context.trace_id == server.context.trace_id
-    assert server.status.description == "ValidationFailed" and server.attributes is not None
+    (server,) = exporter.get_finished_spans()
+    assert server.status.description == "ValidationFailed" and server.attributes is not None and server.events == ()
     assert server.attributes["error.type"] == "ValidationFailed" and server.attributes["http.response.status_code"] == 400
     assert server.parent is not None and server.parent.span_id == int("cd" * 8, 16) and server.context.trace_id == int("ab" * 16, 16)
     exporter.clear()
     staged = _push(tracing)
-    validate, _server = exporter.get_finished_spans()
-    assert validate.name == "validate" and validate.status.is_ok and validate.end_time == getattr(staged, "at_ns", None)
+    (server,) = exporter.get_finished_spans()
+    assert [(e.name, e.timestamp) for e in server.events] == [("queued", getattr(staged, "at_ns", None))] and server.status.is_ok
 
 
 def test_the_disabled_hooks_record_nothing() -> None:
