@@ -65,7 +65,13 @@ async def trace_of_one_push(in_place: int) -> list[ReceivedSpan]:
 
                     async def whole() -> list[ReceivedSpan] | None:
                         spans = receiver.of_trace(trace_id)
-                        return spans if {"traefik served", "POST /v2/ingress/upsert"} <= {s.name for s in spans} else None
+                        if not {"traefik served", "POST /v2/ingress/upsert"} <= {s.name for s in spans}:
+                            return None
+                        # The batch that wrote the push: a trace of its own, linked from the push's span.
+                        batches = [receiver.of_trace(link[0]) for s in spans for link in s.links if s.name.startswith("POST")]
+                        if not all({"write batch", "etcd Txn"} <= {s.name for s in batch} for batch in batches):
+                            return None
+                        return spans + [s for batch in batches for s in batch]
 
                     return await eventually(whole, timeout=30)
                 finally:
@@ -75,36 +81,45 @@ async def trace_of_one_push(in_place: int) -> list[ReceivedSpan]:
             etcd.stop()
 
 
+def rows_of(spans: list[ReceivedSpan]) -> list[tuple[str, int, int, str]]:
+    """One row per span, and one per event of a span (a mark, named with a dot): label, start, end, colour."""
+    rows = []
+    for s in sorted(spans, key=lambda s: (s.start_ns, -s.end_ns)):
+        color = "#c0392b" if s.error else "#2e86c1" if s.kind == 2 else "#27ae60" if s.kind == 3 else "#8e44ad"
+        rows.append((s.name, s.start_ns, s.end_ns, color))
+        rows.extend((f"  . {name}", at, at, "#7f8c8d") for name, _attributes, at in s.events)
+    return rows
+
+
 def waterfall(spans: list[ReceivedSpan]) -> str:
-    """The trace as text: each span's offset from the push's start, its duration and a bar."""
-    spans = sorted(spans, key=lambda s: (s.start_ns, -s.end_ns))
-    start, end = min(s.start_ns for s in spans), max(s.end_ns for s in spans)
+    """The trace as text: each span's (and event's) offset from the push's start, its duration and a bar."""
+    rows = rows_of(spans)
+    start, end = min(r[1] for r in rows), max(r[2] for r in rows)
     scale = 60 / max(1, end - start)
     lines = []
-    for s in spans:
-        left = int((s.start_ns - start) * scale)
-        bar = "#" * max(1, int((s.end_ns - s.start_ns) * scale))
-        lines.append(f"{s.name:24s} +{(s.start_ns - start) / 1e6:8.2f} ms {(s.end_ns - s.start_ns) / 1e6:8.2f} ms  {' ' * left}{bar}")
+    for name, first, last, _color in rows:
+        left = int((first - start) * scale)
+        bar = "#" * max(1, int((last - first) * scale))
+        lines.append(f"{name:24s} +{(first - start) / 1e6:8.2f} ms {(last - first) / 1e6:8.2f} ms  {' ' * left}{bar}")
     return "\n".join(lines)
 
 
 def svg(spans: list[ReceivedSpan]) -> str:
-    """The trace as an SVG waterfall (one row per span, time to the right)."""
-    spans = sorted(spans, key=lambda s: (s.start_ns, -s.end_ns))
-    start, end = min(s.start_ns for s in spans), max(s.end_ns for s in spans)
+    """The trace as an SVG waterfall (one row per span or event, time to the right)."""
+    rows_drawn = rows_of(spans)
+    start, end = min(r[1] for r in rows_drawn), max(r[2] for r in rows_drawn)
     scale = (_WIDTH - _LABEL - 20) / max(1, end - start)
-    height = _ROW * (len(spans) + 1) + 10
+    height = _ROW * (len(rows_drawn) + 1) + 10
     rows = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{_WIDTH}" height="{height}" font-family="sans-serif" font-size="12">',
             f'<rect width="{_WIDTH}" height="{height}" fill="white"/>']
-    for k, s in enumerate(spans):
+    for k, (name, first, last, color) in enumerate(rows_drawn):
         y = 10 + k * _ROW
-        x = _LABEL + (s.start_ns - start) * scale
-        w = max(2.0, (s.end_ns - s.start_ns) * scale)
-        color = "#c0392b" if s.error else "#2e86c1" if s.kind == 2 else "#27ae60" if s.kind == 3 else "#8e44ad"
-        label = f"{s.name} ({(s.end_ns - s.start_ns) / 1e6:.1f} ms)"
+        x = _LABEL + (first - start) * scale
+        w = max(2.0, (last - first) * scale)
+        label = f"{name} ({(last - first) / 1e6:.1f} ms)" if last > first else name
         rows.append(f'<text x="4" y="{y + 15}">{escape(label)}</text>')
         rows.append(f'<rect x="{x:.1f}" y="{y + 3}" width="{w:.1f}" height="{_ROW - 8}" fill="{color}"/>')
-    axis = 10 + len(spans) * _ROW + 14
+    axis = 10 + len(rows_drawn) * _ROW + 14
     rows.append(f'<text x="{_LABEL}" y="{axis}">0 ms</text>')
     rows.append(f'<text x="{_WIDTH - 20}" y="{axis}" text-anchor="end">{(end - start) / 1e6:.0f} ms</text>')
     rows.append("</svg>")

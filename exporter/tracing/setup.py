@@ -96,9 +96,9 @@ def _exporter(settings: OtelSettings) -> SpanExporter:
     headers = read_headers(settings.headers_file) if settings.headers_file is not None else {}
     endpoint = endpoint_of(settings)
     if settings.protocol == "grpc":
-        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter as GrpcExporter
+        from .encoding import GrpcSpanExporter
 
-        return GrpcExporter(endpoint=endpoint, insecure=endpoint.startswith("http://"), headers=headers)
+        return GrpcSpanExporter(endpoint=endpoint, insecure=endpoint.startswith("http://"), headers=headers)
     from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter as HttpExporter
 
     return HttpExporter(endpoint=endpoint, headers=headers)

@@ -199,7 +199,7 @@ def test_only_the_tracing_package_imports_opentelemetry_and_its_setup_only_when_
                 node, ast.ImportFrom) else []
             if any(n.startswith("opentelemetry") for n in names):
                 importers.add(str(path.relative_to(REPO)))
-    assert importers == {f"exporter/tracing/{name}.py" for name in ("otel", "batch", "served", "finished", "setup")}
+    assert importers == {f"exporter/tracing/{name}.py" for name in ("otel", "batch", "served", "finished", "setup", "encoding")}
 
 
 def test_the_sdk_logs_through_the_daemons_logger_once_per_ten_seconds_per_message() -> None:
