@@ -24,7 +24,7 @@
    writers: what the 50 clients could reach on this machine if the rest of the exporter cost nothing.
    `--only tracing`: the same slices, alternated, with the daemon exporting traces (`otel`) over OTLP/gRPC
    to a sink in this process at `sample_ratio` 1.0 and 0.01, against tracing disabled: the daemon's CPU per
-   push of each, as a ratio to disabled in the same run (target at 1.0: <= 1.15x). `--against DIR` adds the
+   push of each, as a ratio to disabled in the same run (target at 1.0: <= 1.3x). `--against DIR` adds the
    disabled daemon of another checkout (the tree before tracing): no measurable change is the target.
 3. Push-to-served: 1,000 new ingresses pushed by 10 closed-loop clients, one per request and 100
    per request, until Traefik routes all (targets 3 s and 1.5 s), with the etcd revisions used and

@@ -10,6 +10,7 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import Event, ReadableSpan
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags, TraceState
+from opentelemetry.util.types import AttributeValue
 
 from exporter.tracing import encoding
 from exporter.tracing.encoding import SpanEncoder
@@ -24,14 +25,14 @@ def _context(rng: random.Random, remote: bool = False, state: TraceState | None 
 
 
 def _span(rng: random.Random, n: int) -> ReadableSpan:
-    attributes = {"http.route": "/v2/ingress/upsert", "http.response.status_code": rng.choice([204, 400]), "exporter.paced": n % 2 == 0,
+    attributes: dict[str, AttributeValue] = {"http.route": "/v2/ingress/upsert", "http.response.status_code": rng.choice([204, 400]), "exporter.paced": n % 2 == 0,
                   "exporter.ingress_names": ("w/a", "w/b"), "ratio": 0.5, "exporter.request_id": f"{n:032x}"}
     events = [Event("queued", None, n), Event("etcd Txn", {"exporter.revision": n, "exporter.txn.succeeded": True}, n + 1)][: n % 3]
     links = [Link(_context(rng)), Link(_context(rng, remote=True), {"why": "batch"})][: n % 3]
     status = Status(StatusCode.ERROR, "ValidationFailed") if n % 4 == 0 else Status(StatusCode.UNSET)
     parent = _context(rng, remote=n % 5 == 0) if n % 2 else None
     state = TraceState([("vendor", "x")]) if n % 7 == 0 else None
-    return ReadableSpan(f"span {n % 3}", _context(rng, state=state), parent, RESOURCES[n % 2], attributes if n % 6 else {}, events,
+    return ReadableSpan(f"span {n % 3}", _context(rng, state=state), parent, RESOURCES[n % 2], attributes if n % 6 else None, events,
                         links, list(SpanKind)[n % 5], None, status, n, n + 10, SCOPES[n % 3])
 
 
