@@ -25,8 +25,10 @@ def _context(rng: random.Random, remote: bool = False, state: TraceState | None 
 
 
 def _span(rng: random.Random, n: int) -> ReadableSpan:
-    attributes: dict[str, AttributeValue] = {"http.route": "/v2/ingress/upsert", "http.response.status_code": rng.choice([204, 400]), "exporter.paced": n % 2 == 0,
-                  "exporter.ingress_names": ("w/a", "w/b"), "ratio": 0.5, "exporter.request_id": f"{n:032x}"}
+    attributes: dict[str, AttributeValue] = {
+        "http.route": "/v2/ingress/upsert", "http.response.status_code": rng.choice([204, 400]), "exporter.paced": n % 2 == 0,
+        "exporter.ingress_names": ("w/a", "w/b"), "ratio": 0.5, "exporter.request_id": f"{n:032x}",
+    }
     events = [Event("queued", None, n), Event("etcd Txn", {"exporter.revision": n, "exporter.txn.succeeded": True}, n + 1)][: n % 3]
     links = [Link(_context(rng)), Link(_context(rng, remote=True), {"why": "batch"})][: n % 3]
     status = Status(StatusCode.ERROR, "ValidationFailed") if n % 4 == 0 else Status(StatusCode.UNSET)
