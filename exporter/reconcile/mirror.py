@@ -223,8 +223,9 @@ class Mirror:
             self._observed.set(key, value, revision)
             if key.startswith(records_dir):
                 ref = self._layout.record_ref(key)
-                if ref is not None and ref in own.records:
-                    self._store.set(ref, own.records[ref])
+                if ref is not None and (record := own.records.get(ref)) is not None:
+                    # The record's own ref, whose strings its model holds: the parsed one would be a second copy per ingress.
+                    self._store.set(record.key, record)
                 else:
                     adopt_record(self._layout, self._store, key, value)
 

@@ -10,6 +10,7 @@ references is an orphan, deleted by the next plan of its root.
 from __future__ import annotations
 
 import hashlib
+import sys
 from collections.abc import Collection, Iterable, Iterator
 from typing import cast
 
@@ -89,7 +90,8 @@ class Observed:
             return
         keys = self._owned.get(owner)
         if keys is None:
-            self._owned[owner] = [key]
+            # The label is every ingress's of its authority: one string for all of them, not one parsed per ingress.
+            self._owned[(sys.intern(owner[0]), owner[1])] = [key]
             return
         lead = obj + "/"
         for at in range(len(keys) - 1, -1, -1):
