@@ -1,11 +1,11 @@
-"""Spans made already finished: a push and its steps, whose times were recorded as they happened.
+"""Spans made already finished: a push and its batch, whose times were recorded as they happened.
 
 The SDK's live spans cost what a span that may still change needs (a lock, bounded attributes,
 a copy on end); a span written once at its end needs none of it. A push gets its ids and the
 sampler's verdict when it arrives (the SDK's own sampler and id generator); while it runs only
-its context is current (for the log lines and the children); at its end it and its steps are
-the SDK's own `ReadableSpan`s, handed straight to the span processor that exports the rest: a
-few microseconds each instead of tens.
+its context is current (for the log lines and the children); at its end it (its steps as
+events) and, once written, its batch's spans are the SDK's own `ReadableSpan`s, handed straight
+to the span processor that exports the rest: a few microseconds each instead of tens.
 """
 
 from __future__ import annotations
