@@ -24,6 +24,10 @@ from ..keys import IngressRef
 from .finished import FinishedSpans
 from .hooks import TxnRecord
 
+# Pushes a batch's span links to (the SDK's default link limit); `exporter.pushes` counts them all,
+# and every push links to its batch.
+MAX_LINKS = 128
+
 
 @dataclass(frozen=True, slots=True, eq=False)
 class Staged:
@@ -101,7 +105,8 @@ class BatchRecord:
             return
         pushes = self.carried(list(self.pushes))
         spans.span(self.span, None, "write batch", self.taken_ns, time.time_ns(),
-                   {"exporter.pushes": len(pushes), "exporter.ingresses": len(self.pushes)}, links=[Link(p.span) for p in pushes])
+                   {"exporter.pushes": len(pushes), "exporter.ingresses": len(self.pushes)},
+                   links=[Link(p.span) for p in pushes[:MAX_LINKS]])
         for plan in self.plans:
             attributes: dict[str, AttributeValue] = {"exporter.mirror.revision": plan.revision, "exporter.ingresses": len(plan.refs)}
             spans.child(self.span, "plan", plan.started_ns, plan.ended_ns, attributes)

@@ -15,6 +15,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from exporter.config.sections import OtelSettings
 from exporter.errors import ConfigError
 from exporter.keys import IngressRef
+from exporter.tracing import batch as batch_module
 from exporter.tracing import served as served_module
 from exporter.tracing.hooks import NO_TRACING, TxnRecord
 from exporter.tracing.otel import OtelTracing
@@ -226,3 +227,17 @@ def test_commits_answered_out_of_order_are_served_in_revision_order(spans: tuple
         tracing.txn(_txn(revision, A))
     tracing.served(ROOT, 6, 0.05)
     assert [s.attributes["exporter.revision"] for s in _named(exporter, "traefik served") if s.attributes] == [5, 6]
+
+
+def test_a_batch_links_to_at_most_max_links_of_its_pushes_and_every_push_to_it(
+    spans: tuple[OtelTracing, InMemorySpanExporter], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    tracing, exporter = spans
+    monkeypatch.setattr(batch_module, "MAX_LINKS", 3)
+    with contextlib.ExitStack() as open_pushes:
+        staged = [(open_pushes.enter_context(_open_push(tracing)), IngressRef("w", f"i{n}")) for n in range(5)]
+        with tracing.batch(staged, frozenset()):
+            pass
+    (batch,) = _named(exporter, "write batch")
+    assert len(batch.links) == 3 and batch.attributes is not None and batch.attributes["exporter.pushes"] == 5
+    assert all(s.links[0].context == batch.context for s in _named(exporter, "POST /v2/ingress/upsert"))
