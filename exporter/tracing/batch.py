@@ -84,7 +84,8 @@ class BatchRecord:
 
     def answered(self, txn: TxnRecord) -> None:
         """A transaction was answered: kept, with an event on each push, when it carried a traced push's ingresses."""
-        if not (pushes := self.carried(txn.refs) if self.pushes else []):
+        pushes = self.carried(txn.refs)
+        if not pushes:
             return
         self.txns.append(txn)
         event = Event("etcd Txn", {"exporter.revision": txn.revision, "exporter.txn.succeeded": txn.succeeded}, txn.ended_ns)

@@ -14,12 +14,25 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from opentelemetry.exporter.otlp.proto.common._internal import _encode_instrumentation_scope, _encode_key_value, _encode_resource
-from opentelemetry.exporter.otlp.proto.common._internal.trace_encoder import _SPAN_KIND_MAP, _encode_trace_state, _span_flags
+from opentelemetry.exporter.otlp.proto.common._internal import (
+    _encode_instrumentation_scope,
+    _encode_key_value,
+    _encode_resource,
+    _encode_span_id,
+    _encode_trace_id,
+)
+from opentelemetry.exporter.otlp.proto.common._internal.trace_encoder import (
+    _SPAN_KIND_MAP,
+    _encode_links,
+    _encode_parent_id,
+    _encode_status,
+    _encode_trace_state,
+    _span_flags,
+)
 from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 from opentelemetry.proto.common.v1.common_pb2 import KeyValue
-from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Status
+from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans
 from opentelemetry.proto.trace.v1.trace_pb2 import Span as PbSpan
 from opentelemetry.sdk.trace import ReadableSpan
 
@@ -82,29 +95,21 @@ class SpanEncoder:
         return out
 
     def _span(self, span: ReadableSpan) -> PbSpan:
-        context, parent, status = span.context, span.parent, span.status
-        # Fields the SDK leaves None are left unset, as its encoder leaves them (the stubs would have a value).
+        context = span.context
+        # The SDK's own steps, but for the attributes (kept when they repeat). Fields it leaves None
+        # stay unset, as in its encoder (the stubs would have a value: hence the dict).
         fields: dict[str, Any] = {
-            "trace_id": context.trace_id.to_bytes(16, "big"), "span_id": context.span_id.to_bytes(8, "big"),
-            "trace_state": _encode_trace_state(context.trace_state),
-            "parent_span_id": parent.span_id.to_bytes(8, "big") if parent else None,
+            "trace_id": _encode_trace_id(context.trace_id), "span_id": _encode_span_id(context.span_id),
+            "trace_state": _encode_trace_state(context.trace_state), "parent_span_id": _encode_parent_id(span.parent),
             "name": span.name, "kind": _SPAN_KIND_MAP[span.kind], "start_time_unix_nano": span.start_time,
             "end_time_unix_nano": span.end_time, "attributes": self._attributes(span.attributes),
             "events": [PbSpan.Event(name=e.name, time_unix_nano=e.timestamp, attributes=self._attributes(e.attributes),
                                     dropped_attributes_count=e.dropped_attributes) for e in span.events] or None,
-            "links": [PbSpan.Link(trace_id=link.context.trace_id.to_bytes(16, "big"), span_id=link.context.span_id.to_bytes(8, "big"),
-                                  attributes=self._attributes(link.attributes), dropped_attributes_count=link.dropped_attributes,
-                                  flags=_span_flags(link.context)) for link in span.links] or None,
-            "status": _status(status.status_code.value, status.description) if status is not None else None,
+            "links": _encode_links(span.links), "status": _encode_status(span.status),
             "dropped_attributes_count": span.dropped_attributes, "dropped_events_count": span.dropped_events,
-            "dropped_links_count": span.dropped_links, "flags": _span_flags(parent),
+            "dropped_links_count": span.dropped_links, "flags": _span_flags(span.parent),
         }
         return PbSpan(**fields)
-
-
-def _status(code: int, message: str | None) -> Status:
-    fields: dict[str, Any] = {"code": code, "message": message}
-    return Status(**fields)
 
 
 class GrpcSpanExporter(OTLPSpanExporter):
