@@ -147,7 +147,9 @@ async def test_a_push_is_traced_from_its_traceparent_to_traefik_serving_it(
     assert server.start_ns <= times[0] and times == sorted(times) and times[-1] <= server.end_ns
     committed = {attributes["exporter.revision"] for name, attributes, _at in server.events
                  if name == "etcd Txn" and attributes["exporter.txn.succeeded"]}
-    assert stored.mod_revision in committed
+    # Created by this push's commit (a fresh daemon may hold its keys for Traefik's first beacon,
+    # docs/writer.md: the later commit that writes them puts the record again).
+    assert stored.create_revision in committed
     # The batch that wrote it is a trace of its own, linked both ways, with its plan and transactions.
     ((batch_trace, batch_id),) = server.links
     batch_spans = await traced.spans_of(batch_trace, "write batch", "plan", "etcd Txn")
@@ -158,17 +160,21 @@ async def test_a_push_is_traced_from_its_traceparent_to_traefik_serving_it(
     # The transaction that carried the record committed at the revision etcd holds it at.
     txns = [s for s in batch_spans if s.name == "etcd Txn" and s.attributes["exporter.txn.succeeded"]]
     revisions = {s.attributes["exporter.revision"] for s in txns}
-    assert stored.mod_revision in revisions
+    assert stored.create_revision in revisions
     assert txns[0].kind == CLIENT and txns[0].attributes["db.system.name"] == "etcd"
-    assert txns[0].attributes["db.operation.name"] == "Txn" and txns[0].attributes["exporter.txn.operations"] >= 3
+    # The record and its keys together (>= 3 operations), or the record alone while its keys are held.
+    held = by_name["traefik served"].attributes["exporter.paced"]
+    assert txns[0].attributes["db.operation.name"] == "Txn" and txns[0].attributes["exporter.txn.operations"] >= (1 if held else 3)
     assert by_name["traefik served"].parent_span_id == server.span_id
     served = by_name["traefik served"]
     assert (trace_id, server.span_id) in served.links
     assert served.attributes["exporter.root"] == traced.daemon.parts.layout.root(AUTHORITY)
-    assert served.attributes["exporter.revision"] in revisions and served.attributes["exporter.paced"] is False
+    # Served by its own commit, or (its keys held) by the later commit that wrote them.
+    assert served.attributes["exporter.revision"] >= stored.create_revision
+    assert served.attributes["exporter.paced"] is (served.attributes["exporter.revision"] not in revisions)
     assert f"{AUTHORITY}/{iid}" in served.attributes["exporter.ingress_names"]
     assert served.attributes["exporter.observer.poll_interval_s"] > 0
-    assert served.start_ns >= max(s.end_ns for s in txns if s.attributes["exporter.revision"] == served.attributes["exporter.revision"])
+    assert served.start_ns >= min(s.end_ns for s in txns)
     # Traefik did not serve the route before the span ends: it was seen absent at `last_absent`.
     assert served.end_ns >= last_absent
     assert server.end_ns >= served.end_ns
