@@ -12,8 +12,10 @@ a sentence, and a violation names the ingress and the slice of the history that 
    ingress is the highest one acknowledged for it, or that of a request that got no definite
    answer (a timeout, a 5xx: it may have committed); an ingress whose highest acknowledged change
    is a remove is removed at its revision (a remove wins a tie); a live record was written by an
-   upsert of its revision, a tombstone by a remove.
-   Every request carries a revision of its own, so a stored revision names its request.
+   upsert of its revision, a tombstone by a remove, and a live record at the highest acknowledged
+   revision has the content of an upsert acknowledged at it.
+   Every request draws a revision of its own, so a stored revision names its request; a stale one
+   reuses a revision with other content, so an upsert's content (its servers and allowlist) names it too.
 2. No 409 without cause: a stale-revision answer for revision r of an ingress came after some
    other request with a revision >= r for it had been sent, one that etcd stored at some point,
    that got no definite answer, or whose revision the 409 names as the one it was refused
@@ -104,6 +106,10 @@ def acknowledged_kept(requests: Sequence[Request], final: Mapping[str, Stored]) 
             detail = f"stored revision {stored.revision} above the highest acknowledged {highest}, " \
                      f"and every request of it was answered: {_slice(writers)}"
             out.append(Violation(1, ingress, detail))
+        at_stored = [r for r in acked if r.op == "upsert" and r.revision == stored.revision]
+        if stored.content and at_stored and not stored.removed and all(r.content != stored.content for r in at_stored):
+            out.append(Violation(1, ingress, f"revision {stored.revision} acknowledged with other content than etcd holds "
+                                             f"{stored.content}: {_slice(at_stored)}"))
         op = "remove" if stored.removed else "upsert"
         # A remove without a revision leaves a tombstone at the revision it removed.
         bare_remove = stored.removed and any(r.op == "remove" and r.revision is None for r in mine)

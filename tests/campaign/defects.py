@@ -30,7 +30,6 @@ import exporter.write.packing
 import exporter.write.writer
 from exporter.cli import main
 from exporter.errors import EtcdError, StaleRevisionError
-from exporter.etcd.client import EtcdClient
 from exporter.etcd.types import Compare, Op, TxnResult
 from exporter.plan.plan import Change
 from exporter.reconcile import Reconciler
@@ -178,21 +177,41 @@ def ack_before_reply() -> None:
     _patch(Reconciler, "submit", submit)
 
 
-_txn = EtcdClient.txn
+class _SpaceBlind:
+    """The writer's etcd, taking a NOSPACE refusal of a transaction for its success, at the revision
+    of its last commit (one the watch brings: etcd's current revision may be a write it never sees,
+    which stalls the answer until the mirror lists again, past the alarm)."""
+
+    def __init__(self, etcd: Any) -> None:
+        self._etcd = etcd
+        self._last = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._etcd, name)
+
+    async def txn(self, compares: Sequence[Compare], ops: Sequence[Op]) -> TxnResult:
+        try:
+            result: TxnResult = await self._etcd.txn(compares, ops)
+        except EtcdError as exc:
+            if "space exceeded" not in exc.title or not self._last:
+                raise
+            return TxnResult(True, self._last)
+        if result.succeeded:
+            self._last = max(self._last, result.revision)
+        return result
+
+
+_writer_init = exporter.write.writer.Writer.__init__
 
 
 def nospace_as_success() -> None:
-    """Takes etcd's NOSPACE refusal of a transaction for its success (rules 1, 9)."""
+    """The writer takes etcd's NOSPACE refusal of its transaction for its success (rules 1, 9).
+    Only the writer's: a leader that believes it won an election etcd refused is another defect."""
 
-    async def txn(self: EtcdClient, compares: Sequence[Compare], ops: Sequence[Op]) -> TxnResult:
-        try:
-            return await _txn(self, compares, ops)
-        except EtcdError as exc:
-            if "space exceeded" not in exc.title:
-                raise
-            return TxnResult(True, await self.revision())
+    def init(self: exporter.write.writer.Writer, etcd: Any, *args: Any, **kwargs: Any) -> None:
+        _writer_init(self, _SpaceBlind(etcd), *args, **kwargs)
 
-    _patch(EtcdClient, "txn", txn)
+    _patch(exporter.write.writer.Writer, "__init__", init)
 
 
 _publisher = exporter.health.shared.SharedHealth.run_publisher

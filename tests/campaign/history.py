@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -19,6 +22,7 @@ class Request:
     batch: int = 0  # requests of one call share it (0: alone); a call answers for all its ingresses at once
     refused_by: int | None = None  # a 409's `stored_revision`
     sidecar: str = ""  # the one it was sent to
+    content: str = ""  # an upsert's `content_of` (a stale one reuses a revision with other content)
 
 
 @dataclass(frozen=True)
@@ -55,6 +59,14 @@ class Stored:
     removed: bool = False
     served: bool = True
     bodies: frozenset[str] = frozenset()
+    content: str = ""  # a live record's `content_of` ("": not read)
+
+
+def content_of(ingress: Mapping[str, Any]) -> str:
+    """What tells the campaign's upserts of one ingress apart, the same from a pushed body and from
+    the record etcd holds: its servers and its allowlist."""
+    servers = sorted(s["url"] for s in ingress.get("upstream", {}).get("servers", []))
+    return json.dumps([servers, ingress.get("allowed_client_ips") or []])
 
 
 def definite(status: int) -> bool:

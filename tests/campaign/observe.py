@@ -20,6 +20,7 @@ import aiohttp
 from exporter.etcd.types import b64, b64_range_end, unb64
 
 from .checker import History, Look, Stored, Violation, ready_and_one_leader, served_exactly
+from .history import content_of
 from .world import AUTHORITIES, RECORDS, World, root_of
 
 
@@ -53,7 +54,7 @@ async def stored_records(http: aiohttp.ClientSession, world: World) -> dict[str,
         urls = [s["url"] for s in ingress.get("upstream", {}).get("servers", [])]
         out[unb64(kv["key"])[len(prefix):]] = Stored(
             ingress["revision"], bool(record.get("removed")), served=ingress["authority"] == AUTHORITIES[0],
-            bodies=frozenset(names.get(url.removeprefix("http://"), url) for url in urls),
+            bodies=frozenset(names.get(url.removeprefix("http://"), url) for url in urls), content=content_of(ingress),
         )
     return out
 

@@ -57,8 +57,7 @@ def test_the_campaign_finds_nothing(tmp_path: Path, seed: int) -> None:
 # the RSS baseline (taken 10 s after each start) and time to grow past the bound; every-one-leads
 # says it leads 10 s after its start; a watch never resumed is seen only after a heal the mirror
 # does not re-list past by chance, which 10 s, beside another run, did not always hold; a NOSPACE
-# taken for success is caught by rule 9 when a push lands in an alarm's window, which 10 s beside
-# another run once did not give (its damage was caught by rules 4 and 5 instead).
+# taken for success is caught when a push lands in an alarm's window, which the quota takes seconds to fill for.
 DEFECT_SECONDS = {"leaks": "25", "every-one-leads": "15", "watch-stops-when-broken": "20", "nospace-as-success": "15"}
 # The faults a defect's run draws from, where its rule judges only some: the others' time goes to those.
 DEFECT_FAULTS = {

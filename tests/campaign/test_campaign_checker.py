@@ -101,6 +101,26 @@ def test_a_removal_acknowledged_must_be_the_end_state() -> None:
     assert rules(history) == [1, 5]
 
 
+def test_an_acknowledged_upsert_lost_to_a_stale_one_of_its_revision_breaks_rule_1() -> None:
+    """A build that acknowledges an upsert it never wrote, then writes a stale request of the same
+    revision with other content: the stored revision is the acknowledged one, its content is not."""
+    history = clean()
+    acked = Request("a", "upsert", "c/x", 3, 4, 4.01, 204, content="mine")
+    history.requests.append(acked)
+    history.final["c/x"] = Stored(3, bodies=frozenset({"b1"}), content="mine")
+    assert check(history) == []
+    history.requests.append(Request("stale", "upsert", "c/x", 3, 5, 5.01, 204, content="other"))
+    assert check(history) == []  # two answers at one revision: etcd holds one of them
+    history.final["c/x"] = Stored(3, bodies=frozenset({"b1"}), content="other")
+    history.requests.remove(acked)
+    history.requests.append(Request("a", "upsert", "c/x", 3, 4, 4.01, 0, content="mine"))
+    assert check(history) == []  # the one etcd holds was the only acknowledged one
+    history.requests[-1] = acked
+    history.requests.pop(-2)
+    assert rules(history) == [1]
+    assert "revision 3 acknowledged with other content" in str(check(history)[0])
+
+
 def test_an_unanswered_request_may_win_an_answered_newer_one_may_not_be_beaten() -> None:
     history = clean()
     history.requests.append(upsert(3, status=0, at=4))  # timed out, yet committed

@@ -22,6 +22,7 @@ from typing import Any
 import aiohttp
 
 from .checker import Request
+from .history import content_of
 from .world import AUTHORITIES, TOKEN, Sidecar, World
 
 HEADERS = {"Authorization": f"Bearer {TOKEN}"}
@@ -140,6 +141,7 @@ class Workload:
             await asyncio.sleep(0.05)  # a refused connection answers at once: don't spin on a dead sidecar
         completed = self.now()
         self.calls += 1
-        self.requests.extend(Request(name, op, i.ingress, i.revision, invoked, completed, status, self.calls, refused_by, sidecar.name)
+        self.requests.extend(Request(name, op, i.ingress, i.revision, invoked, completed, status, self.calls, refused_by, sidecar.name,
+                                     content_of(i.body) if op == "upsert" else "")
                              for i in items)
         return status

@@ -110,6 +110,9 @@ def _named(message: str) -> bool:
 def test_positive_pushes_are_accepted_and_every_refusal_is_a_named_rule(fuzzed: Fuzzed) -> None:
     entries = schemathesis(
         fuzzed, fuzzed.spec, "positive", "--mode", "positive", "--phases", "fuzzing", "-n", "60", "--no-shrink", "-w", "2",
+        # Valid hosts, urls and paths are drawn by filtering too: at some seeds (2059957653) the filter
+        # health check fails the upsert after all its pushes passed. The counts below judge the run.
+        "--suppress-health-check", "filter_too_much",
         "-c", "not_a_server_error,status_code_conformance,content_type_conformance,response_schema_conformance",
         env={"FUZZ_UNIQUE": "1"},
     )
@@ -144,7 +147,8 @@ def test_negative_pushes_get_a_declared_error_and_never_a_5xx(fuzzed: Fuzzed) ->
 
 def test_every_check_and_the_stateful_phase_over_the_links_pass(fuzzed: Fuzzed) -> None:
     entries = schemathesis(
-        fuzzed, fuzzed.spec, "all", "--mode", "positive", "-n", "10", "--no-shrink", "-w", "2", "-c", "all", env={"FUZZ_UNIQUE": "1"},
+        fuzzed, fuzzed.spec, "all", "--mode", "positive", "-n", "10", "--no-shrink", "-w", "2", "-c", "all",
+        "--suppress-health-check", "filter_too_much", env={"FUZZ_UNIQUE": "1"},  # as in the positive test
     )
     methods = Counter((e["request"]["method"], e["response"]["status"]) for e in entries[1:])
     print(f"all: {len(entries) - 1} requests, {methods}")
