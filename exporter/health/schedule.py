@@ -72,8 +72,8 @@ async def probe_target(
 ) -> None:
     """Probe one target every interval until `checked_now()` no longer finds it (it reads the node set anew each time).
 
-    `changed` is told of every state change: the node, its health, the probe's outcome, when the probe started (ns)
-    and whether the node's routing changed.
+    `changed` is told of every state change, and of the first probe of a node adopted: the node, its health, the
+    probe's outcome, when the probe started (ns) and whether the node's routing changed.
     """
     checked = checked_now()
     if checked is None:
@@ -104,7 +104,8 @@ async def probe_target(
             state = health.state
             if routed := health.record(outcome, now, limits):
                 metrics.health_transitions.labels(health.state.value).inc()
-            if routed or health.state is not state:
+            if routed or health.state is not state or health.unreported:
+                health.unreported = False
                 changed(node.url, health, str(outcome), started, routed)
         due += check.interval * random.uniform(0.95, 1.05)
         due = max(due, clock())

@@ -53,6 +53,10 @@ class NodeHealth:
     # Wall-clock time and outcome of the last probe (what the status page shows).
     checked_at: float = 0.0
     last_outcome: str = ""
+    # Adopted and not probed since: its next probe is reported whatever it finds. The state adopted
+    # may be older than the verdict the leader gives by the time it reads on, and an owner that
+    # reports only changes would never correct it.
+    unreported: bool = False
 
     @property
     def routed(self) -> bool:
@@ -65,6 +69,7 @@ class NodeHealth:
         Not published yet (the old leader died right after a change): a server that is in the
         load balancer now stays there until probes say otherwise. Either way the grace period is over.
         """
+        self.unreported = True
         if published is None:
             if in_load_balancer:
                 self.state = State.HEALTHY

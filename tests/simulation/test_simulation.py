@@ -11,7 +11,7 @@ import pytest
 from .defects import DEFECTS
 from .run import run_seed
 from .shards import DEFECTS as SHARD_DEFECTS
-from .shards import planted, run_shard_seed
+from .shards import FOUND_AT, planted, run_shard_seed
 
 # Seeds every run takes, then as many from a start drawn anew each run (printed, to replay).
 FIXED = range(1, 101)
@@ -61,6 +61,7 @@ def test_shard_moves_a_few_hundred_seeds_find_nothing() -> None:
 @pytest.mark.parametrize("defect", sorted(SHARD_DEFECTS))
 def test_every_planted_shard_defect_is_caught(defect: str) -> None:
     with planted(defect):
-        found = next((seed for seed in range(1, CAUGHT_WITHIN + 1) if run_shard_seed(seed) is not None), None)
+        seeds = [FOUND_AT[defect]] if defect in FOUND_AT else range(1, CAUGHT_WITHIN + 1)
+        found = next((seed for seed in seeds if run_shard_seed(seed) is not None), None)
     assert found is not None, f"{defect} not caught in {CAUGHT_WITHIN} seeds"
     assert run_shard_seed(found) is None
