@@ -31,13 +31,14 @@ from exporter.reconcile import Inbox
 
 BACKENDS = """
 import asyncio, sys
-from aiohttp import web
-async def ok(request): return web.Response(text="ok")
+OK = b"HTTP/1.1 200 OK\\r\\nContent-Length: 2\\r\\nConnection: close\\r\\n\\r\\nok"
+class Health(asyncio.Protocol):
+    def connection_made(self, transport): self.transport = transport
+    def data_received(self, data):
+        if b"\\r\\n\\r\\n" in data: self.transport.write(OK); self.transport.close()
 async def main():
     for port in map(int, sys.argv[1:]):
-        app = web.Application(); app.router.add_get("/health", ok)
-        runner = web.AppRunner(app, access_log=None); await runner.setup()
-        await web.TCPSite(runner, "127.0.0.1", port, backlog=4096).start()
+        await asyncio.get_running_loop().create_server(Health, "127.0.0.1", port, backlog=4096)
     await asyncio.Event().wait()
 asyncio.run(main())
 """

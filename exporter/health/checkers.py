@@ -39,18 +39,19 @@ class CheckConfig:
 
 @dataclass(frozen=True, slots=True)
 class Node:
-    """One probed endpoint; `url` is its identity (it is what rendering leaves out when ejected)."""
+    """One probed endpoint; `url` is its identity (it is what rendering leaves out when ejected).
+
+    `ip` (the URL's host) and `port` are read from the URL once, not on every probe.
+    """
 
     url: str
+    ip: str = field(init=False, compare=False, repr=False)
+    port: int = field(init=False, compare=False, repr=False)
 
-    @property
-    def ip(self) -> str:
-        return urlsplit(self.url).hostname or ""
-
-    @property
-    def port(self) -> int:
+    def __post_init__(self) -> None:
         parts = urlsplit(self.url)
-        return parts.port or (443 if parts.scheme == "https" else 80)
+        object.__setattr__(self, "ip", parts.hostname or "")
+        object.__setattr__(self, "port", parts.port or (443 if parts.scheme == "https" else 80))
 
 
 Probe = Callable[[Node, CheckConfig], Awaitable[Outcome]]

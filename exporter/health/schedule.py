@@ -90,7 +90,9 @@ async def probe_target(
         target, check = checked.target, checked.target.check
         started = time.time_ns()
         nodes = checked.probed_nodes()
-        outcomes = await asyncio.gather(*(prober.probe(target, node) for node in nodes))
+        # One node (the common case) is awaited in place: a task per probe would cost as much as the probe.
+        outcomes = [await prober.probe(target, nodes[0])] if len(nodes) == 1 else \
+            await asyncio.gather(*(prober.probe(target, node) for node in nodes))
         now = clock()
         limits = Thresholds(successes=1, failures=check.max_retries, initial_delay=check.initial_delay)
         for node, outcome in zip(nodes, outcomes, strict=True):
