@@ -1,25 +1,30 @@
 """Probe capacity: targets at a 1 s interval one engine sustains with scheduling lag p99 < 100 ms,
 against a raw aiohttp request loop to the same local backends in the same run.
 
-The backends run in a separate process (4 aiohttp servers on loopback ports).
+The backends run in a separate process (4 servers on loopback ports, a bare asyncio protocol that
+answers 200 and closes: the cheapest server Python has, so the cores go to the probers).
 With `--sidecars K`, each count of targets is probed by one sidecar process and then by K, each
 with `health.sharding: on` on a fresh etcd (the shares settle before the measurement), in the same run.
-Usage: .venv/bin/python -m bench.probe_capacity [--seconds 8] [--targets 1000,2000,3000,4000] [--sidecars 3]
+It prints the CPU a probe costs its sidecar and the backends, and the bound that puts on the cores.
+Usage: .venv/bin/python -m bench.probe_capacity [--seconds 8] [--targets 3000,4500,6000,7500] [--sidecars 3]
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
+from pathlib import Path
 
 import aiohttp
 from loguru import logger
 
 from bench.common import fresh_etcd
-from bench.harness import arguments, median, pct
+from bench.harness import arguments, cpu_seconds, median, pct
 from exporter.embedded import free_port
 from exporter.health.checkers import load_kinds
 from exporter.health.engine import HealthEngine
@@ -89,48 +94,93 @@ async def engine_run(ports: list[int], targets: int, seconds: float) -> tuple[fl
     return pct(lag.values, 0.99), rate
 
 
-async def sharded_run(
-    etcd_url: str, ports: list[int], targets: int, sidecars: int, seconds: float
-) -> tuple[float, float, list[int], float]:
-    """`sidecars` processes sharing `targets` through etcd: the worst p99 lag, their probes/s together, each one's share
-    and the median CPU seconds a sidecar spends per probe."""
+CPU_CGROUP = Path("/sys/fs/cgroup/cpu")  # cgroup v1's cpu controller, as on this machine
+
+
+def cpu_limit(pid: int, name: str, cores: float) -> Path:
+    """Hold `pid` to `cores` of CPU (a CFS quota, as a Kubernetes CPU limit is) in a cgroup of its own; its path."""
+    group = CPU_CGROUP / name
+    group.mkdir()
+    period = int((group / "cpu.cfs_period_us").read_text())
+    (group / "cpu.cfs_quota_us").write_text(str(int(cores * period)))
+    (group / "cgroup.procs").write_text(str(pid))
+    return group
+
+
+@dataclass
+class Sharded:
+    """One measurement of `sidecars` processes sharing the targets."""
+
+    p99: float  # the worst sidecar's scheduling lag p99
+    rate: float  # their probes/s together
+    shares: list[int]
+    cpu: float  # the median CPU seconds a sidecar spends per probe
+    backend_cpu: float  # the backends' CPU seconds per probe
+
+
+async def sharded_run(etcd_url: str, backends: int, ports: list[int], targets: int, sidecars: int, seconds: float,
+                      cores: float | None = None) -> Sharded:
+    """`sidecars` processes sharing `targets` through etcd, measured together; each held to `cores` of CPU if given."""
     space = f"bench-shards-{time.time_ns()}"
     args = [etcd_url, space, str(targets), str(sidecars), str(seconds), *map(str, ports)]
     procs = [await asyncio.create_subprocess_exec(sys.executable, "-m", "bench.probe_sidecar", *args,
                                                   stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE)
              for _ in range(sidecars)]
+    groups = [cpu_limit(proc.pid, f"{space}-{k}", cores) for k, proc in enumerate(procs)] if cores else []
     try:
         for proc in procs:
             assert proc.stdout is not None
             line = await asyncio.wait_for(proc.stdout.readline(), timeout=120)
             assert line.strip() == b"ready", line
+        backend_started = cpu_seconds(backends)
         for proc in procs:
             assert proc.stdin is not None
             proc.stdin.write(b"go\n")
             await proc.stdin.drain()
         results = [json.loads(await proc.stdout.readline()) for proc in procs if proc.stdout is not None]
+        backend_spent = cpu_seconds(backends) - backend_started
     finally:
         for proc in procs:
             if proc.returncode is None:
                 proc.terminate()
             await proc.wait()
-    cpu = median([r["cpu"] for r in results])
-    return max(r["p99"] for r in results), sum(r["rate"] for r in results), sorted(r["share"] for r in results), cpu
+        for group in groups:
+            group.rmdir()
+    rate = sum(r["rate"] for r in results)
+    return Sharded(max(r["p99"] for r in results), rate, sorted(r["share"] for r in results),
+                   median([r["cpu"] for r in results]), backend_spent / max(rate * seconds, 1))
 
 
-async def compare_sidecars(ports: list[int], counts: list[int], sidecars: int, seconds: float) -> None:
-    """Each count of targets on one sharded sidecar, then on `sidecars`, in the same run."""
+async def compare_sidecars(backends: int, ports: list[int], counts: list[int], sidecars: int, seconds: float,
+                           cpu_limit: float | None) -> None:
+    """Each count of targets on one sharded sidecar, then on `sidecars`, in the same run (each held to `cpu_limit`)."""
     best = dict.fromkeys((1, sidecars), 0)
+    costs: list[tuple[float, float]] = []
     with fresh_etcd() as etcd:
         for n in counts:
             for k in (1, sidecars):
-                p99, rate, shares, cpu = await sharded_run(etcd.url, ports, n, k, seconds)
-                ok = p99 < 0.1
+                run = await sharded_run(etcd.url, backends, ports, n, k, seconds, cpu_limit)
+                ok = run.p99 < 0.1
                 best[k] = max(best[k], n) if ok else best[k]
-                print(f"{n} targets at 1 s on {k} sidecar(s) (shares {shares}): {rate:.0f} probes/s, {cpu * 1e6:.0f} us CPU "
-                      f"per probe per sidecar, worst scheduling lag p99 {p99 * 1000:.0f} ms {'ok' if ok else '> 100 ms'}")
+                costs.append((run.cpu, run.backend_cpu))
+                print(f"{n} targets at 1 s on {k} sidecar(s) (shares {run.shares}): {run.rate:.0f} probes/s, "
+                      f"{run.cpu * 1e6:.0f} us CPU per probe per sidecar, {run.backend_cpu * 1e6:.0f} us in the backends, "
+                      f"worst scheduling lag p99 {run.p99 * 1000:.0f} ms {'ok' if ok else '> 100 ms'}")
     ratio = best[sidecars] / best[1] if best[1] else float("inf")
     print(f"capacity with p99 lag < 100 ms: {best[1]} targets on 1 sidecar, {best[sidecars]} on {sidecars} ({ratio:.2f}x)")
+    print(what_the_cores_allow(costs, sidecars, cpu_limit))
+
+
+def what_the_cores_allow(costs: list[tuple[float, float]], sidecars: int, cpu_limit: float | None) -> str:
+    """The probes/s the CPU allows, from the medians of what a probe costs its sidecar and the backends."""
+    sidecar, backend = median([c for c, _ in costs]), median([b for _, b in costs])
+    cores = os.cpu_count() or 1
+    one = (cpu_limit or 1.0) / sidecar  # a sidecar is one thread: one core at most
+    machine = cores / (sidecar + backend)
+    every = min(machine, sidecars * one)
+    return (f"what the cores allow: a probe costs {sidecar * 1e6:.0f} us in its sidecar and {backend * 1e6:.0f} us in the "
+            f"backends (medians): one sidecar on {cpu_limit or 1.0:g} core(s) at most {one:.0f} probes/s, {sidecars} at most "
+            f"{every:.0f} ({every / one:.2f}x one; this machine's {cores} cores, backends included, at most {machine:.0f})")
 
 
 async def raw_rate(ports: list[int], seconds: float, concurrency: int = 64) -> float:
@@ -153,8 +203,10 @@ async def raw_rate(ports: list[int], seconds: float, concurrency: int = 64) -> f
 async def main() -> None:
     parser = arguments(__doc__, runs=None)
     parser.add_argument("--seconds", type=float, default=8)
-    parser.add_argument("--targets", default="1000,1500,2000,3000")
+    parser.add_argument("--targets", default="3000,4500,6000,7500")
     parser.add_argument("--sidecars", type=int, default=0, help="compare one sharded sidecar with this many")
+    parser.add_argument("--cpu-limit", type=float, default=None,
+                        help="hold each sidecar to this many cores, as a pod's CPU limit does (a cgroup; needs root)")
     args = parser.parse_args()
     logger.remove()
     ports = [free_port() for _ in range(4)]
@@ -164,7 +216,8 @@ async def main() -> None:
         raw = await raw_rate(ports, args.seconds)
         print(f"raw aiohttp loop (new connection per request, 64 in flight): {raw:.0f} requests/s")
         if args.sidecars:
-            await compare_sidecars(ports, [int(n) for n in args.targets.split(",")], args.sidecars, args.seconds)
+            counts = [int(n) for n in args.targets.split(",")]
+            await compare_sidecars(backends.pid, ports, counts, args.sidecars, args.seconds, args.cpu_limit)
             return
         best = 0
         for n in map(int, args.targets.split(",")):

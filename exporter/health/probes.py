@@ -144,12 +144,16 @@ class _Exchange:
         self._sock.close()
 
 
-async def _exchange(node: Node, family: socket.AddressFamily, request: bytes | None, check: CheckConfig) -> Outcome:
+def _exchange(node: Node, family: socket.AddressFamily, request: bytes | None, check: CheckConfig) -> asyncio.Future[Outcome]:
+    """A probe started on its own socket: its outcome, to await."""
+    loop = asyncio.get_running_loop()
     try:
-        exchange = _Exchange(asyncio.get_running_loop(), family, request, check.expected_status)
+        exchange = _Exchange(loop, family, request, check.expected_status)
     except OSError:  # no socket to be had (the process is out of descriptors)
-        return "tcp_failure"
-    return await exchange.start((node.ip, node.port), check.timeout)
+        failed: asyncio.Future[Outcome] = loop.create_future()
+        failed.set_result("tcp_failure")
+        return failed
+    return exchange.start((node.ip, node.port), check.timeout)
 
 
 async def http_probe(node: Node, check: CheckConfig, agent: str = AGENT) -> Outcome:
