@@ -102,7 +102,7 @@ CPU_CGROUP = Path("/sys/fs/cgroup/cpu")  # cgroup v1's cpu controller, as on thi
 CFS_PERIOD_US = 10_000
 
 
-def cpu_limit(pid: int, name: str, cores: float) -> Path:
+def limit_cpu(pid: int, name: str, cores: float) -> Path:
     """Hold `pid` to `cores` of CPU (a CFS quota, as a Kubernetes CPU limit is) in a cgroup of its own; its path."""
     group = CPU_CGROUP / name
     group.mkdir()
@@ -124,14 +124,14 @@ class Sharded:
 
 
 async def sharded_run(etcd_url: str, backends: int, ports: list[int], targets: int, sidecars: int, seconds: float,
-                      cores: float | None = None) -> Sharded:
-    """`sidecars` processes sharing `targets` through etcd, measured together; each held to `cores` of CPU if given."""
+                      cpu_limit: float | None = None) -> Sharded:
+    """`sidecars` processes sharing `targets` through etcd, measured together; each held to `cpu_limit` cores if given."""
     space = f"bench-shards-{time.time_ns()}"
     args = [etcd_url, space, str(targets), str(sidecars), str(seconds), *map(str, ports)]
     procs = [await asyncio.create_subprocess_exec(sys.executable, "-m", "bench.probe_sidecar", *args,
                                                   stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE)
              for _ in range(sidecars)]
-    groups = [cpu_limit(proc.pid, f"{space}-{k}", cores) for k, proc in enumerate(procs)] if cores else []
+    groups = [limit_cpu(proc.pid, f"{space}-{k}", cpu_limit) for k, proc in enumerate(procs)] if cpu_limit else []
     try:
         for proc in procs:
             assert proc.stdout is not None

@@ -5,7 +5,7 @@ Like lua-resty-healthcheck, an HTTP probe opens a new connection, sends one requ
 (never a pooled keep-alive connection that outlived it), and costs a fraction of a full
 HTTP client, so one daemon can probe thousands of targets per second.
 
-A node at an IP literal over plain TCP is probed on a non-blocking socket driven by the loop's
+A node at an IP literal over plain HTTP or TCP is probed on a non-blocking socket driven by the loop's
 readiness callbacks: no transport, stream or task per probe, which halves a probe's CPU
 (docs/performance.md, "Probing spread over three sidecars"). TLS and host names (resolved
 first) go through asyncio's streams.
@@ -144,16 +144,12 @@ class _Exchange:
         self._sock.close()
 
 
-def _exchange(node: Node, family: socket.AddressFamily, request: bytes | None, check: CheckConfig) -> asyncio.Future[Outcome]:
-    """A probe started on its own socket: its outcome, to await."""
-    loop = asyncio.get_running_loop()
+async def _exchange(node: Node, family: socket.AddressFamily, request: bytes | None, check: CheckConfig) -> Outcome:
     try:
-        exchange = _Exchange(loop, family, request, check.expected_status)
+        exchange = _Exchange(asyncio.get_running_loop(), family, request, check.expected_status)
     except OSError:  # no socket to be had (the process is out of descriptors)
-        failed: asyncio.Future[Outcome] = loop.create_future()
-        failed.set_result("tcp_failure")
-        return failed
-    return exchange.start((node.ip, node.port), check.timeout)
+        return "tcp_failure"
+    return await exchange.start((node.ip, node.port), check.timeout)
 
 
 async def http_probe(node: Node, check: CheckConfig, agent: str = AGENT) -> Outcome:
