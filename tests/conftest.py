@@ -29,7 +29,7 @@ from exporter.keys import OWNER_KEY, IngressRef
 from exporter.reconcile import Reconciler
 from exporter.render.root_keys import OWNER_VALUE
 from exporter.store.records import Record, Removal
-from tests.helpers import AUTHORITY, Backend
+from tests.helpers import AUTHORITY, Backend, eventually
 
 ROOT = f"traefik/worker_{AUTHORITY}"
 
@@ -176,7 +176,7 @@ API_MAX_BODY = 64 * 1024
 
 
 @pytest.fixture(scope="session")
-async def api_daemon(etcd: EmbeddedEtcd, traefik: EmbeddedTraefik, workdir: Path) -> AsyncIterator[Daemon]:
+async def _session_api_daemon(etcd: EmbeddedEtcd, traefik: EmbeddedTraefik, workdir: Path) -> AsyncIterator[Daemon]:
     """A whole daemon in-process: push API (token, JWT secret, 64 KiB body limit) and control server."""
     from exporter.embedded import free_port
 
@@ -193,6 +193,19 @@ async def api_daemon(etcd: EmbeddedEtcd, traefik: EmbeddedTraefik, workdir: Path
     await daemon.parts.reconciler.wait_synced(30)
     yield daemon
     await daemon.stop()
+
+
+@pytest.fixture
+async def api_daemon(_session_api_daemon: Daemon) -> Daemon:
+    """The in-process daemon, accepting pushes. A synchronous test holds the session's event loop, so the
+    daemon lives through it as a frozen process would: etcd silent, its lease lapsing. It answers 503 for
+    as long as it takes to hear from etcd again, which each test waits for rather than counting as its own."""
+
+    async def accepting() -> bool:
+        return _session_api_daemon.parts.readiness.accepting()
+
+    await eventually(accepting, timeout=30)
+    return _session_api_daemon
 
 
 @pytest.fixture(scope="session")

@@ -247,7 +247,9 @@ _feed_watch = exporter.reconcile.feed.Feed._watch
 
 
 def watch_stops_when_broken() -> None:
-    """A watch that breaks is not resumed: the mirror moves again only when it is listed (rule 12)."""
+    """A watch that breaks is not resumed: the mirror moves again only when it is listed (rules 12, 4: rule 12
+    when a heal stands alone on its sidecar; when every reset overlaps another on the same sidecar, rule 12
+    excuses them all, and the mirror that stopped after its last listing leaves the end state unconverged)."""
 
     async def watch(self: exporter.reconcile.feed.Feed, generation: int) -> None:
         broken = self._etcd.watch_prefix
