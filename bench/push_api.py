@@ -21,7 +21,8 @@
    `--only floor`: the same runs, alternated, with the exporter replaced by bench/floor_server.py,
    a server that batches pushes alike and does only part of the exporter's work (only parsing
    the body; validating it into its record; also rendering and diffing it), against both bare
-   writers: what the 50 clients could reach on this machine if the rest of the exporter cost nothing.
+   writers: what the 50 clients could reach on this machine if the rest of the exporter cost nothing,
+   and the CPU per push each stage adds (the exporter at `--log-level` too).
    `--only tracing`: the same slices, alternated, with the daemon exporting traces (`otel`) over OTLP/gRPC
    to a sink in this process at `sample_ratio` 1.0 and 0.01, against tracing disabled: the daemon's CPU per
    push of each, as a ratio to disabled in the same run (target at 1.0: <= 1.3x). `--against DIR` adds the
@@ -364,9 +365,9 @@ async def report_throughput(runs: int, against: Path | None, log_level: str, aga
               f"pushed ingress {etcd_before * 1e6:.0f} us, now {etcd_now / etcd_before:.2f}x that (target <= 0.5)")
 
 
-async def floor(runs: int) -> None:
-    """The exporter and each floor server against both bare writers, alternated within each run; medians."""
-    servers: dict[str, Server] = {"exporter": start_daemon, **{work: floor_server(work) for work in WORK}}
+async def floor(runs: int, log_level: str) -> None:
+    """The exporter (logging at `log_level`) and each floor server against both bare writers, alternated within each run; medians."""
+    servers: dict[str, Server] = {"exporter": checkout(None, log_level), **{work: floor_server(work) for work in WORK}}
     measured: dict[str, list[tuple[Throughput, Bare]]] = {name: [] for name in servers}
     for _ in range(runs):
         for name, server in servers.items():
@@ -509,7 +510,7 @@ async def main() -> None:
     parser.add_argument("--only", choices=["latency", "throughput", "floor", "served", "tracing"], help="run one part only")
     parser.add_argument("--against", type=Path, help="throughput, tracing: also the daemon of this checkout, in the same slices")
     parser.add_argument("--log-level", default="WARNING",
-                        help="throughput: the daemon's log.level (default WARNING; the daemon's own default is INFO)")
+                        help="throughput, floor: the daemon's log.level (default WARNING; the daemon's own default is INFO)")
     parser.add_argument("--against-log-level", help="throughput: the log.level of the --against daemon (default: --log-level)")
     args = parser.parse_args()
 
@@ -526,7 +527,7 @@ async def main() -> None:
     if args.only in (None, "throughput"):
         await report_throughput(args.runs, args.against, args.log_level, args.against_log_level or args.log_level)
     if args.only == "floor":
-        await floor(args.runs)
+        await floor(args.runs, args.log_level)
     if args.only == "tracing":
         await report_tracing(args.runs, args.against, args.log_level)
 
