@@ -479,10 +479,14 @@ async def test_random_valid_ingresses_are_accepted_by_a_real_traefik(
 
     from tests.strategies import http_ingress
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # .example() outside @given: the daemon lives on this test's loop
-        strategy = http_ingress()
-        batch = [strategy.example() for _ in range(25)]
+    def examples() -> list[dict[str, Any]]:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # .example() outside @given: the daemon lives on this test's loop
+            strategy = http_ingress()
+            return [strategy.example() for _ in range(25)]
+
+    # Generated off the loop: seconds of generation on it would leave the daemon silent to etcd, and not ready.
+    batch = await asyncio.to_thread(examples)
     prefix = uid("p")
     for n, body in enumerate(batch):
         body["id"] = f"{prefix}-{n}"
